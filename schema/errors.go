@@ -1,0 +1,65 @@
+package schema
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Reason is a stable, machine-readable code for why an input was rejected or
+// a condense failed. Codes never change meaning; messages may.
+type Reason string
+
+// Rejection reasons (input_rejected.reason).
+const (
+	ReasonInvalidJSON          Reason = "invalid_json"
+	ReasonTooLarge             Reason = "too_large"
+	ReasonBadSubject           Reason = "bad_subject"
+	ReasonUnknownKind          Reason = "unknown_kind"
+	ReasonMissingID            Reason = "missing_id"
+	ReasonBadID                Reason = "bad_id"
+	ReasonBadConversationID    Reason = "bad_conversation_id"
+	ReasonConversationMismatch Reason = "conversation_mismatch"
+	ReasonBadTS                Reason = "bad_ts"
+	ReasonBadRole              Reason = "bad_role"
+	ReasonUnknownBlockType     Reason = "unknown_block_type"
+	ReasonBadBlock             Reason = "bad_block"
+	ReasonOrphanToolResult     Reason = "orphan_tool_result"
+	ReasonBadUsage             Reason = "bad_usage"
+	ReasonBadTrigger           Reason = "bad_trigger"
+	ReasonUnknownProfile       Reason = "unknown_profile"
+	ReasonBadProfile           Reason = "bad_profile"
+	ReasonUnknownTarget        Reason = "unknown_target"
+	ReasonPoison               Reason = "poison" // kept failing transiently until the retry budget ran out
+)
+
+// Condense failure reasons (condense_failed.error).
+const (
+	ReasonNotEnoughMessages Reason = "not_enough_messages"
+	ReasonCondensedRecently Reason = "condensed_recently"
+	ReasonContextGrew       Reason = "context_grew"
+	ReasonLLMError          Reason = "llm_error"
+	ReasonEmptySummary      Reason = "empty_summary"
+)
+
+// Error is a validation failure: a stable Reason plus a human message.
+type Error struct {
+	Reason  Reason
+	Message string
+}
+
+func (e *Error) Error() string { return string(e.Reason) + ": " + e.Message }
+
+// Errorf returns an *Error with a formatted message.
+func Errorf(r Reason, format string, args ...any) *Error {
+	return &Error{Reason: r, Message: fmt.Sprintf(format, args...)}
+}
+
+// ReasonOf returns the Reason carried by err, or "" when err is not (and does
+// not wrap) an *Error.
+func ReasonOf(err error) Reason {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Reason
+	}
+	return ""
+}

@@ -1,0 +1,137 @@
+package schema
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// EventSchemaID names the JSON Schema of an Event (schema/event.schema.json).
+const EventSchemaID = "ctxpipe.event.v1"
+
+// EventType is the type of an event; it is also the last subject token of
+// ctx.events.<conv>.<type>.
+type EventType string
+
+// The six event types.
+const (
+	EventCondenseContext         EventType = "condense_context"
+	EventSlidingWindowTruncation EventType = "sliding_window_truncation"
+	EventContextManaging         EventType = "context_managing"
+	EventCondenseFailed          EventType = "condense_failed"
+	EventRewind                  EventType = "rewind"
+	EventInputRejected           EventType = "input_rejected"
+)
+
+// EventHeader is common to every event.
+type EventHeader struct {
+	ID             string    `json:"id"` // also the Nats-Msg-Id
+	Type           EventType `json:"type"`
+	ConversationID string    `json:"conversation_id"`
+	TS             int64     `json:"ts"`
+	InputID        string    `json:"input_id"` // the input that caused it
+}
+
+// Event is one of the six event structs.
+type Event interface {
+	Header() *EventHeader
+}
+
+// Header returns the common fields.
+func (h *EventHeader) Header() *EventHeader { return h }
+
+// EventSubject is the subject an event is published on.
+func EventSubject(e Event) string {
+	h := e.Header()
+	return EventSubjectPrefix + h.ConversationID + "." + string(h.Type)
+}
+
+// CondenseContext announces a successful condense.
+type CondenseContext struct {
+	EventHeader
+	CondenseID        string  `json:"condense_id"`
+	Summary           string  `json:"summary"`
+	Cost              float64 `json:"cost"`
+	PrevContextTokens int     `json:"prev_context_tokens"`
+	NewContextTokens  int     `json:"new_context_tokens"`
+	MessagesCondensed int     `json:"messages_condensed"`
+	Trigger           Trigger `json:"trigger"`
+	Model             string  `json:"model"`
+	Strategy          string  `json:"strategy,omitempty"`
+}
+
+// SlidingWindowTruncation announces a truncation. It is never emitted with
+// zero messages removed.
+type SlidingWindowTruncation struct {
+	EventHeader
+	TruncationID      string `json:"truncation_id"`
+	MessagesRemoved   int    `json:"messages_removed"`
+	PrevContextTokens int    `json:"prev_context_tokens"`
+	NewContextTokens  int    `json:"new_context_tokens"`
+}
+
+// ContextManaging is emitted before a condense starts, so UIs can show
+// progress (Roo's willManageContext, Gemini's PreCompress hook).
+type ContextManaging struct {
+	EventHeader
+	Trigger       Trigger `json:"trigger"`
+	ContextTokens int     `json:"context_tokens"`
+	ContextWindow int     `json:"context_window"`
+	Threshold     int     `json:"threshold"`
+}
+
+// CondenseFailed announces a condense that did not apply; a truncation may follow.
+type CondenseFailed struct {
+	EventHeader
+	Error   Reason  `json:"error"`
+	Message string  `json:"message,omitempty"`
+	Cost    float64 `json:"cost"`
+	Trigger Trigger `json:"trigger"`
+}
+
+// Rewind announces a rewind and what it undid.
+type Rewind struct {
+	EventHeader
+	CutoffTS             int64    `json:"cutoff_ts"`
+	IncludeTarget        bool     `json:"include_target"`
+	RemovedCondenseIDs   []string `json:"removed_condense_ids"`
+	RemovedTruncationIDs []string `json:"removed_truncation_ids"`
+	MessagesRemoved      int      `json:"messages_removed"`
+	MessagesRestored     int      `json:"messages_restored"`
+}
+
+// InputRejected announces an input that was recorded but not applied.
+type InputRejected struct {
+	EventHeader
+	Reason  Reason `json:"reason"`
+	Message string `json:"message"`
+	Subject string `json:"subject"`
+}
+
+// DecodeEvent decodes any event by peeking at its type.
+func DecodeEvent(data []byte) (Event, error) {
+	var h EventHeader
+	if err := json.Unmarshal(data, &h); err != nil {
+		return nil, fmt.Errorf("decode event: %w", err)
+	}
+	var e Event
+	switch h.Type {
+	case EventCondenseContext:
+		e = &CondenseContext{}
+	case EventSlidingWindowTruncation:
+		e = &SlidingWindowTruncation{}
+	case EventContextManaging:
+		e = &ContextManaging{}
+	case EventCondenseFailed:
+		e = &CondenseFailed{}
+	case EventRewind:
+		e = &Rewind{}
+	case EventInputRejected:
+		e = &InputRejected{}
+	default:
+		return nil, fmt.Errorf("decode event: unknown type %q", h.Type)
+	}
+	if err := json.Unmarshal(data, e); err != nil {
+		return nil, fmt.Errorf("decode %s event: %w", h.Type, err)
+	}
+	return e, nil
+}

@@ -1,0 +1,183 @@
+package schema
+
+import (
+	"bytes"
+	"encoding/json"
+	"regexp"
+	"strings"
+
+	"github.com/google/uuid"
+)
+
+// InputKind is the last token of a ctx.in subject.
+type InputKind string
+
+// The inputs ctxpipe accepts on ctx.in.<conv>.<kind>.
+const (
+	KindTurn     InputKind = "turn"
+	KindCondense InputKind = "condense"
+	KindOverflow InputKind = "overflow"
+	KindRewind   InputKind = "rewind"
+)
+
+// Trigger says why a condense ran.
+type Trigger string
+
+// Condense triggers.
+const (
+	TriggerAuto   Trigger = "auto"   // the threshold was crossed by a turn
+	TriggerManual Trigger = "manual" // ctx.in.<conv>.condense (Roo's button, Gemini's /compress)
+	TriggerForced Trigger = "forced" // ctx.in.<conv>.overflow: the provider said the window was exceeded
+)
+
+// Subject prefixes.
+const (
+	InputSubjectPrefix = "ctx.in."
+	EventSubjectPrefix = "ctx.events."
+)
+
+var convIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+
+// ValidConversationID reports whether id is 1–128 characters of [A-Za-z0-9_-],
+// which makes it safe as a NATS subject token.
+func ValidConversationID(id string) bool { return convIDPattern.MatchString(id) }
+
+// InputSubject is the subject an input of kind k for conversation conv is published on.
+func InputSubject(conv string, k InputKind) string {
+	return InputSubjectPrefix + conv + "." + string(k)
+}
+
+// Input is one decoded, validated input. Kind selects which fields are set.
+type Input struct {
+	Kind           InputKind
+	ID             string
+	ConversationID string
+	TS             int64
+	Turn           *Turn   // KindTurn
+	Trigger        Trigger // KindCondense: manual
+	IncludeTarget  bool    // KindRewind
+}
+
+// control is the payload of condense, overflow and rewind inputs.
+type control struct {
+	ID             string  `json:"id"`
+	ConversationID string  `json:"conversation_id,omitempty"`
+	TS             int64   `json:"ts"`
+	Trigger        Trigger `json:"trigger,omitempty"`
+	IncludeTarget  bool    `json:"include_target,omitempty"`
+}
+
+// ControlPayload encodes the payload of a condense, overflow or rewind input.
+func ControlPayload(in Input) ([]byte, error) {
+	return Marshal(control{ID: in.ID, ConversationID: in.ConversationID, TS: in.TS,
+		Trigger: in.Trigger, IncludeTarget: in.IncludeTarget})
+}
+
+// ParseSubject splits ctx.in.<conv>.<kind>.
+func ParseSubject(subject string) (conv string, kind InputKind, err error) {
+	rest, ok := strings.CutPrefix(subject, InputSubjectPrefix)
+	if !ok {
+		return "", "", Errorf(ReasonBadSubject, "subject %q is not under %s", subject, InputSubjectPrefix)
+	}
+	conv, k, ok := strings.Cut(rest, ".")
+	if !ok || strings.Contains(k, ".") {
+		return "", "", Errorf(ReasonBadSubject, "subject %q is not ctx.in.<conv>.<kind>", subject)
+	}
+	if !ValidConversationID(conv) {
+		return "", "", Errorf(ReasonBadConversationID, "conversation id %q must be 1-128 characters of [A-Za-z0-9_-]", conv)
+	}
+	switch kind = InputKind(k); kind {
+	case KindTurn, KindCondense, KindOverflow, KindRewind:
+		return conv, kind, nil
+	}
+	return conv, "", Errorf(ReasonUnknownKind, "unknown input kind %q", k)
+}
+
+// PeekID returns the "id" field of a payload if it can be read, so that even a
+// rejected input is recorded under its own id (and its rejection is idempotent).
+func PeekID(data []byte) string {
+	var p struct {
+		ID string `json:"id"`
+	}
+	if json.Unmarshal(data, &p) != nil {
+		return ""
+	}
+	return p.ID
+}
+
+// DecodeInput decodes and validates the payload received on subject. A
+// non-nil error is an *Error whose Reason goes into input_rejected.
+func DecodeInput(subject string, data []byte) (Input, error) {
+	conv, kind, err := ParseSubject(subject)
+	if err != nil {
+		return Input{}, err
+	}
+	if !json.Valid(data) {
+		return Input{}, Errorf(ReasonInvalidJSON, "payload is not valid JSON")
+	}
+	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+		return Input{}, Errorf(ReasonInvalidJSON, "payload must be a JSON object")
+	}
+	in := Input{Kind: kind, ConversationID: conv}
+	if kind == KindTurn {
+		var t Turn
+		if err := json.Unmarshal(data, &t); err != nil {
+			return Input{}, Errorf(ReasonInvalidJSON, "turn: %v", cleanJSONError(err))
+		}
+		if err := t.Validate(); err != nil {
+			return Input{}, err
+		}
+		if t.ConversationID != conv {
+			return Input{}, Errorf(ReasonConversationMismatch, "turn names conversation %q but arrived on %q", t.ConversationID, subject)
+		}
+		in.ID, in.TS, in.Turn = t.ID, t.TS, &t
+		return in, nil
+	}
+	var c control
+	if err := json.Unmarshal(data, &c); err != nil {
+		return Input{}, Errorf(ReasonInvalidJSON, "%s: %v", kind, cleanJSONError(err))
+	}
+	if err := validateID(c.ID); err != nil {
+		return Input{}, err
+	}
+	if c.ConversationID != "" && c.ConversationID != conv {
+		return Input{}, Errorf(ReasonConversationMismatch, "payload names conversation %q but arrived on %q", c.ConversationID, subject)
+	}
+	if c.TS <= 0 {
+		return Input{}, Errorf(ReasonBadTS, "ts must be a positive Unix time in milliseconds")
+	}
+	in.ID, in.TS, in.IncludeTarget = c.ID, c.TS, c.IncludeTarget
+	if kind == KindCondense {
+		switch c.Trigger {
+		case "", TriggerManual:
+			in.Trigger = TriggerManual
+		default:
+			return Input{}, Errorf(ReasonBadTrigger, "a condense input's trigger must be %q, got %q", TriggerManual, c.Trigger)
+		}
+	}
+	if kind == KindOverflow {
+		in.Trigger = TriggerForced
+	}
+	return in, nil
+}
+
+func validateID(id string) error {
+	if id == "" {
+		return Errorf(ReasonMissingID, "id is required")
+	}
+	if _, err := uuid.Parse(id); err != nil || len(id) != 36 {
+		return Errorf(ReasonBadID, "id %q is not a UUID", id)
+	}
+	return nil
+}
+
+// cleanJSONError drops encoding/json's Go type names from a message meant for
+// the agent that sent the input.
+func cleanJSONError(err error) string {
+	var te *json.UnmarshalTypeError
+	if e, ok := err.(*json.UnmarshalTypeError); ok {
+		te = e
+		return "field " + te.Field + " has the wrong type (" + te.Value + ")"
+	}
+	return strings.TrimPrefix(err.Error(), "json: ")
+}

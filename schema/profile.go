@@ -1,0 +1,185 @@
+package schema
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+)
+
+// Strategy selects how a conversation is condensed.
+type Strategy string
+
+// The condense strategies.
+const (
+	// StrategyKeepTail keeps the first message and the last three, and puts an
+	// assistant summary before the kept tail (Roo Code up to 3.42).
+	StrategyKeepTail Strategy = "keep_tail"
+	// StrategyFreshStart hides everything and appends a user summary
+	// (Roo Code 3.43 and later).
+	StrategyFreshStart Strategy = "fresh_start"
+	// StrategyPreserveFraction summarizes the oldest 70 % of the characters,
+	// splitting at a user turn (Gemini CLI).
+	StrategyPreserveFraction Strategy = "preserve_fraction"
+)
+
+// Counter names how a profile counts tokens.
+type CounterKind string
+
+// Token counters.
+const (
+	CounterO200K CounterKind = "o200k" // exact o200k_base (the default)
+	CounterChars CounterKind = "chars" // Gemini's character heuristic: cheap, approximate
+)
+
+// Threshold bounds (Roo's MIN_/MAX_CONDENSE_THRESHOLD).
+const (
+	MinCondenseThreshold = 5
+	MaxCondenseThreshold = 100
+	// InheritThreshold in a profile means "use the global percent".
+	InheritThreshold = -1
+	// DefaultMaxTokens is reserved for the reply when a profile names none
+	// (Roo's ANTHROPIC_DEFAULT_MAX_TOKENS).
+	DefaultMaxTokens = 8192
+	// DefaultFudgeFactor scales local counts up, once per message (Roo's TOKEN_FUDGE_FACTOR).
+	DefaultFudgeFactor = 1.5
+	// DefaultProfileID is used by turns that name no profile.
+	DefaultProfileID = "default"
+)
+
+// LLMConfig says which OpenAI-compatible endpoint and model to use.
+type LLMConfig struct {
+	BaseURL   string `json:"base_url,omitempty"`
+	Model     string `json:"model,omitempty"`
+	APIKeyEnv string `json:"api_key_env,omitempty"`
+	// TimeoutSeconds bounds one summarization request (default 120).
+	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
+}
+
+// Prices are USD per million tokens, used for an event's cost.
+type Prices struct {
+	InputPerMTok  float64 `json:"input_per_mtok"`
+	OutputPerMTok float64 `json:"output_per_mtok"`
+}
+
+// Cost returns the USD cost of a request with the given token counts.
+func (p Prices) Cost(in, out int) float64 {
+	return (float64(in)*p.InputPerMTok + float64(out)*p.OutputPerMTok) / 1e6
+}
+
+// Profile is a model's context settings, stored in the ctx_profiles KV bucket.
+type Profile struct {
+	ID            string `json:"id"`
+	ContextWindow int    `json:"context_window"`
+	MaxTokens     int    `json:"max_tokens,omitempty"`
+	// AutoCondense nil means "use the service default".
+	AutoCondense *bool `json:"auto_condense,omitempty"`
+	// CondenseThreshold is a percent of the window: -1 or absent inherits
+	// the global, 5..100 is used, anything else falls back with a warning.
+	CondenseThreshold *int        `json:"condense_threshold,omitempty"`
+	Strategy          Strategy    `json:"strategy,omitempty"`
+	FudgeFactor       float64     `json:"fudge_factor,omitempty"`
+	Counter           CounterKind `json:"counter,omitempty"`
+	CustomPrompt      string      `json:"custom_prompt,omitempty"`
+	LLM               LLMConfig   `json:"llm,omitempty"`
+	CondenseLLM       LLMConfig   `json:"condense_llm,omitempty"`
+	Prices            Prices      `json:"prices,omitempty"`
+}
+
+// Validate checks the fields that cannot fall back to a default.
+func (p *Profile) Validate() error {
+	if p.ID == "" {
+		return Errorf(ReasonBadProfile, "profile needs an id")
+	}
+	if p.ContextWindow <= 0 {
+		return Errorf(ReasonBadProfile, "profile %q: context_window must be positive", p.ID)
+	}
+	if p.MaxTokens < 0 || p.MaxTokens >= p.ContextWindow {
+		return Errorf(ReasonBadProfile, "profile %q: max_tokens must be in [0, context_window)", p.ID)
+	}
+	switch p.Strategy {
+	case "", StrategyKeepTail, StrategyFreshStart, StrategyPreserveFraction:
+	default:
+		return Errorf(ReasonBadProfile, "profile %q: unknown strategy %q", p.ID, p.Strategy)
+	}
+	switch p.Counter {
+	case "", CounterO200K, CounterChars:
+	default:
+		return Errorf(ReasonBadProfile, "profile %q: unknown counter %q", p.ID, p.Counter)
+	}
+	if p.FudgeFactor < 0 {
+		return Errorf(ReasonBadProfile, "profile %q: fudge_factor must not be negative", p.ID)
+	}
+	return nil
+}
+
+// ReservedTokens is max_tokens, or 8192 when the profile names none.
+func (p *Profile) ReservedTokens() int {
+	if p.MaxTokens > 0 {
+		return p.MaxTokens
+	}
+	return DefaultMaxTokens
+}
+
+// Fudge is the profile's fudge factor, 1.5 when unset.
+func (p *Profile) Fudge() float64 {
+	if p.FudgeFactor > 0 {
+		return p.FudgeFactor
+	}
+	return DefaultFudgeFactor
+}
+
+// StrategyOrDefault is the profile's strategy, keep_tail when unset.
+func (p *Profile) StrategyOrDefault() Strategy {
+	if p.Strategy == "" {
+		return StrategyKeepTail
+	}
+	return p.Strategy
+}
+
+// Globals are the service-wide defaults a profile inherits (Roo's
+// autoCondenseContext and autoCondenseContextPercent).
+type Globals struct {
+	AutoCondense        bool
+	AutoCondensePercent int
+}
+
+// DefaultGlobals are Roo Code's defaults.
+func DefaultGlobals() Globals { return Globals{AutoCondense: true, AutoCondensePercent: 100} }
+
+// AutoCondenseOr returns the profile's auto_condense, or g's when unset.
+func (p *Profile) AutoCondenseOr(g Globals) bool {
+	if p.AutoCondense != nil {
+		return *p.AutoCondense
+	}
+	return g.AutoCondense
+}
+
+// EffectiveThreshold resolves the profile's threshold against the global
+// percent exactly as Roo does: absent or -1 inherits, 5..100 is used, any
+// other value falls back to the global with a warning (no clamping).
+func (p *Profile) EffectiveThreshold(global int, log *slog.Logger) int {
+	if p.CondenseThreshold == nil || *p.CondenseThreshold == InheritThreshold {
+		return global
+	}
+	v := *p.CondenseThreshold
+	if v >= MinCondenseThreshold && v <= MaxCondenseThreshold {
+		return v
+	}
+	if log != nil {
+		log.Warn("invalid profile condense threshold; using the global percent",
+			"profile", p.ID, "threshold", v, "global", global)
+	}
+	return global
+}
+
+// DecodeProfile decodes and validates a profile document.
+func DecodeProfile(data []byte) (Profile, error) {
+	var p Profile
+	if err := json.Unmarshal(data, &p); err != nil {
+		return Profile{}, fmt.Errorf("decode profile: %w", err)
+	}
+	if err := p.Validate(); err != nil {
+		return Profile{}, err
+	}
+	return p, nil
+}
