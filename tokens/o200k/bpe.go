@@ -1,0 +1,203 @@
+package o200k
+
+import "math"
+
+// noRank marks an adjacent pair whose concatenation is not a token.
+const noRank = math.MaxUint32
+
+// smallPiece is the longest piece merged with fixed-size stack arrays and a
+// linear scan. Almost every piece is shorter; the scan is quadratic, so
+// longer pieces go to mergeLarge.
+const smallPiece = 64
+
+// pairRank returns the rank of piece[a:b], or noRank.
+func (v *vocab) pairRank(piece string, a, b int) uint32 {
+	if r, ok := v.ranks[piece[a:b]]; ok {
+		return uint32(r)
+	}
+	return noRank
+}
+
+// merge byte-pair-encodes piece (which is not itself a token) into ids and
+// returns the number of tokens. ids must have room for len(piece) entries.
+//
+// The rule is tiktoken's: while some adjacent pair of parts concatenates to a
+// token, merge the pair with the lowest rank, the leftmost one on ties.
+func (v *vocab) merge(piece string, ids []uint32) int {
+	if len(piece) > smallPiece {
+		return v.mergeLarge(piece, ids)
+	}
+	// Parts are kept as parallel arrays compacted after every merge:
+	// start[i] is where part i begins (start[m] == len(piece)), id[i] its
+	// token id, and rank[i] the rank of part i joined with part i+1.
+	var start [smallPiece + 1]uint8
+	var rank [smallPiece]uint32
+	n := len(piece)
+	for i := 0; i < n; i++ {
+		start[i] = uint8(i)
+		ids[i] = v.byteRank[piece[i]]
+	}
+	start[n] = uint8(n)
+	for i := 0; i+1 < n; i++ {
+		rank[i] = v.pairRank(piece, i, i+2)
+	}
+	m := n // number of parts
+	for m > 1 {
+		best, at := uint32(noRank), -1
+		for i := 0; i+1 < m; i++ {
+			if rank[i] < best {
+				best, at = rank[i], i
+			}
+		}
+		if at < 0 {
+			break
+		}
+		// Part at absorbs part at+1.
+		ids[at] = best
+		copy(start[at+1:m], start[at+2:m+1])
+		copy(ids[at+1:m-1], ids[at+2:m])
+		copy(rank[at+1:m-1], rank[at+2:m])
+		m--
+		if at+1 < m {
+			rank[at] = v.pairRank(piece, int(start[at]), int(start[at+2]))
+		} else {
+			rank[at] = noRank
+		}
+		if at > 0 {
+			rank[at-1] = v.pairRank(piece, int(start[at-1]), int(start[at+1]))
+		}
+	}
+	return m
+}
+
+// mergeLarge is merge for long pieces: parts form a doubly linked list over
+// byte offsets and candidate pairs sit in a min-heap ordered by (rank,
+// offset), which is the same "lowest rank, leftmost" choice as the linear
+// scan, in O(n log n). Heap entries are invalidated lazily: an entry is live
+// only while its left part still exists and its recorded pair rank is still
+// the current one. A part's pair only ever grows, and distinct byte strings
+// have distinct ranks, so a stale entry can never look current.
+func (v *vocab) mergeLarge(piece string, ids []uint32) int {
+	n := len(piece)
+	next := make([]int32, n) // offset of the following part, n at the end
+	prev := make([]int32, n) // offset of the preceding part, -1 at the start
+	cur := make([]uint32, n) // current pair rank of the part starting here
+	alive := make([]bool, n)
+	id := make([]uint32, n)
+	h := make(pairHeap, 0, n)
+	for i := 0; i < n; i++ {
+		next[i], prev[i], alive[i] = int32(i+1), int32(i-1), true
+		id[i] = v.byteRank[piece[i]]
+		cur[i] = noRank
+		if i+2 <= n {
+			if r := v.pairRank(piece, i, i+2); r != noRank {
+				cur[i] = r
+				h = append(h, pairEntry{r, int32(i)})
+			}
+		}
+	}
+	h.init()
+	end := func(p int32) int {
+		if p >= int32(n) {
+			return n
+		}
+		return int(next[p])
+	}
+	for len(h) > 0 {
+		e := h.pop()
+		p := e.pos
+		if !alive[p] || cur[p] != e.rank {
+			continue
+		}
+		q := next[p] // the right part, absorbed into p
+		id[p] = e.rank
+		alive[q] = false
+		next[p] = next[q]
+		if next[q] < int32(n) {
+			prev[next[q]] = p
+		}
+		// p's pair now reaches one part further; so does its left neighbour's.
+		cur[p] = noRank
+		if next[p] < int32(n) {
+			if r := v.pairRank(piece, int(p), end(next[p])); r != noRank {
+				cur[p] = r
+				h.push(pairEntry{r, p})
+			}
+		}
+		if l := prev[p]; l >= 0 {
+			cur[l] = noRank
+			if r := v.pairRank(piece, int(l), int(next[p])); r != noRank {
+				cur[l] = r
+				h.push(pairEntry{r, l})
+			}
+		}
+	}
+	m := 0
+	for p := int32(0); p < int32(n); p = next[p] {
+		ids[m] = id[p]
+		m++
+	}
+	return m
+}
+
+type pairEntry struct {
+	rank uint32
+	pos  int32
+}
+
+func (a pairEntry) less(b pairEntry) bool {
+	return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos)
+}
+
+// pairHeap is a binary min-heap, written out rather than via container/heap
+// to avoid interface calls in the loop.
+type pairHeap []pairEntry
+
+func (h pairHeap) init() {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+}
+
+func (h *pairHeap) push(e pairEntry) {
+	*h = append(*h, e)
+	s := *h
+	i := len(s) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !s[i].less(s[p]) {
+			break
+		}
+		s[i], s[p] = s[p], s[i]
+		i = p
+	}
+}
+
+func (h *pairHeap) pop() pairEntry {
+	s := *h
+	top := s[0]
+	last := len(s) - 1
+	s[0] = s[last]
+	*h = s[:last]
+	h.down(0)
+	return top
+}
+
+func (h pairHeap) down(i int) {
+	n := len(h)
+	for {
+		l := 2*i + 1
+		if l >= n {
+			return
+		}
+		c := l
+		if r := l + 1; r < n && h[r].less(h[l]) {
+			c = r
+		}
+		if !h[c].less(h[i]) {
+			return
+		}
+		h[i], h[c] = h[c], h[i]
+		i = c
+	}
+}
