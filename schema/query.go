@@ -1,0 +1,173 @@
+package schema
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Query subjects (request/reply, served by ctxpipe in its queue group).
+const (
+	SubjectHistory = "ctx.q.history"
+	SubjectStatus  = "ctx.q.status"
+	// QuerySubjectPrefix covers every query subject (ctx.q.>).
+	QuerySubjectPrefix = "ctx.q."
+)
+
+// View selects which messages ctx.q.history returns.
+type View string
+
+// The history views.
+const (
+	// ViewEffective is what an agent sends to its model (getEffectiveApiHistory).
+	ViewEffective View = "effective"
+	// ViewFull is every stored message with its tags, hidden ones included.
+	ViewFull View = "full"
+)
+
+// QueryCode is a stable, machine-readable code in a failed query's reply.
+type QueryCode string
+
+// Query error codes.
+const (
+	QueryBadRequest QueryCode = "bad_request" // the request could not be decoded or failed validation
+	QueryNotFound   QueryCode = "not_found"   // no such conversation
+	QueryTimeout    QueryCode = "timeout"     // wait_for did not become readable within timeout_ms
+	QueryInternal   QueryCode = "internal"    // the service failed; retrying may help
+)
+
+// MaxQueryTimeout bounds a request's timeout_ms, so that a client cannot park
+// a responder goroutine for ever.
+const MaxQueryTimeout = 60 * time.Second
+
+// HistoryRequest is the body of a ctx.q.history request.
+type HistoryRequest struct {
+	ConversationID string `json:"conversation_id"`
+	View           View   `json:"view,omitempty"`
+	// WaitFor is an input id: the reply waits until that input has been
+	// applied, so an agent can publish a turn and read the history holding it.
+	WaitFor   string `json:"wait_for,omitempty"`
+	TimeoutMS int64  `json:"timeout_ms,omitempty"`
+}
+
+// Validate checks the request and fills the default view ("effective").
+// A non-nil error is a *QueryErrorBody with code bad_request.
+func (r *HistoryRequest) Validate() error {
+	if !ValidConversationID(r.ConversationID) {
+		return QueryErrorf(QueryBadRequest, "conversation_id %q must be 1-128 characters of [A-Za-z0-9_-]", r.ConversationID)
+	}
+	switch r.View {
+	case "":
+		r.View = ViewEffective
+	case ViewEffective, ViewFull:
+	default:
+		return QueryErrorf(QueryBadRequest, "view must be %q or %q, got %q", ViewEffective, ViewFull, r.View)
+	}
+	if r.WaitFor != "" {
+		if _, err := uuid.Parse(r.WaitFor); err != nil || len(r.WaitFor) != 36 {
+			return QueryErrorf(QueryBadRequest, "wait_for %q is not an input id (UUID)", r.WaitFor)
+		}
+	}
+	if r.TimeoutMS < 0 {
+		return QueryErrorf(QueryBadRequest, "timeout_ms must not be negative")
+	}
+	return nil
+}
+
+// Timeout is how long a wait_for may wait: timeout_ms, or def when it is
+// unset, capped at MaxQueryTimeout.
+func (r *HistoryRequest) Timeout(def time.Duration) time.Duration {
+	d := def
+	if r.TimeoutMS > 0 {
+		d = time.Duration(r.TimeoutMS) * time.Millisecond
+	}
+	return min(d, MaxQueryTimeout)
+}
+
+// HistoryReply is the reply to ctx.q.history.
+type HistoryReply struct {
+	ConversationID string    `json:"conversation_id"`
+	View           View      `json:"view"`
+	Messages       []Message `json:"messages"`
+}
+
+// StatusRequest is the body of a ctx.q.status request.
+type StatusRequest struct {
+	ConversationID string `json:"conversation_id"`
+}
+
+// Validate checks the request. A non-nil error is a *QueryErrorBody.
+func (r *StatusRequest) Validate() error {
+	if !ValidConversationID(r.ConversationID) {
+		return QueryErrorf(QueryBadRequest, "conversation_id %q must be 1-128 characters of [A-Za-z0-9_-]", r.ConversationID)
+	}
+	return nil
+}
+
+// StatusReply is the reply to ctx.q.status: where a conversation stands
+// against its profile's window and threshold.
+type StatusReply struct {
+	ConversationID string `json:"conversation_id"`
+	ProfileID      string `json:"profile_id"`
+	// ContextTokens is the effective context's size.
+	ContextTokens int `json:"context_tokens"`
+	ContextWindow int `json:"context_window"`
+	// AllowedTokens is the window minus the reply reserve (Roo's allowedTokens).
+	AllowedTokens int `json:"allowed_tokens"`
+	// Percent is ContextTokens as a percentage of ContextWindow.
+	Percent float64 `json:"percent"`
+	// Threshold is the condense threshold in percent in force for the profile.
+	Threshold      int `json:"threshold"`
+	Messages       int `json:"messages"`
+	HiddenMessages int `json:"hidden_messages"`
+	Condensations  int `json:"condensations"`
+	Truncations    int `json:"truncations"`
+}
+
+// QueryError is the reply to a failed query: {"error":{"code","message"}}.
+type QueryError struct {
+	Error QueryErrorBody `json:"error"`
+}
+
+// QueryErrorBody is a failed query's code and message. It is an error, so a
+// responder can return it from validation and a client from DecodeQueryReply.
+type QueryErrorBody struct {
+	Code    QueryCode `json:"code"`
+	Message string    `json:"message"`
+}
+
+func (e *QueryErrorBody) Error() string { return string(e.Code) + ": " + e.Message }
+
+// QueryErrorf returns a *QueryErrorBody with a formatted message.
+func QueryErrorf(code QueryCode, format string, args ...any) *QueryErrorBody {
+	return &QueryErrorBody{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// MarshalQueryError encodes the error reply for code and message.
+func MarshalQueryError(code QueryCode, message string) []byte {
+	b, err := Marshal(QueryError{Error: QueryErrorBody{Code: code, Message: message}})
+	if err != nil { // cannot happen: two strings
+		panic(err)
+	}
+	return b
+}
+
+// DecodeQueryReply decodes a query reply into v. A reply that carries an
+// "error" object comes back as a *QueryErrorBody error and v is left alone.
+func DecodeQueryReply(data []byte, v any) error {
+	var probe struct {
+		Error *QueryErrorBody `json:"error"`
+	}
+	if err := json.Unmarshal(data, &probe); err != nil {
+		return fmt.Errorf("decode query reply: %w", err)
+	}
+	if probe.Error != nil {
+		return probe.Error
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("decode query reply: %w", err)
+	}
+	return nil
+}
