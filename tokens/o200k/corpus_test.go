@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 )
 
 // The corpus generators produce deterministic text of the kinds ctxpipe
@@ -29,6 +31,13 @@ OpenAI Kubernetes PostgreSQL JavaScript TypeScript GitHub macOS iPhone HTTP JSON
 
 var syllables = strings.Fields(`ka zu mi ro te pa shi no ve lar qua tion ment ber fax gle plo wix
 dro sna kri tor vel ing ous nix zor bly cre ath`)
+
+// capitalize upper-cases the first rune (not byte: the corpus must stay
+// valid UTF-8 so that benchmarks measure the common path).
+func capitalize(w string) string {
+	r, n := utf8.DecodeRuneInString(w)
+	return string(unicode.ToUpper(r)) + w[n:]
+}
 
 func rareWord(r *rand.Rand) string {
 	var b strings.Builder
@@ -55,7 +64,7 @@ func genProse(r *rand.Rand, size int) string {
 				w = proseWords[r.IntN(len(proseWords))]
 			}
 			if i == 0 {
-				w = strings.ToUpper(w[:1]) + w[1:]
+				w = capitalize(w)
 			} else {
 				b.WriteByte(' ')
 			}
@@ -84,7 +93,7 @@ func ident(r *rand.Rand, exported bool) string {
 			w = syllables[r.IntN(len(syllables))]
 		}
 		if b.Len() > 0 || exported {
-			w = strings.ToUpper(w[:1]) + w[1:]
+			w = capitalize(w)
 		}
 		b.WriteString(w)
 	}

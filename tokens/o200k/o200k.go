@@ -2,6 +2,7 @@ package o200k
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"unicode/utf8"
 )
@@ -113,14 +114,27 @@ func UpperBound(text string) int {
 	return n
 }
 
-// sanitize makes text valid UTF-8 the way the reference does: converting to
-// []rune and back replaces every byte that does not belong to a valid
-// sequence with U+FFFD. Valid text (the normal case) is returned as is.
+// sanitize makes text valid UTF-8 the way the reference does. It converts
+// text to []rune and back, which replaces every byte that does not belong to
+// a valid sequence with U+FFFD; this builds the same string in one pass
+// without the intermediate []rune. Valid text (the normal case) is returned
+// as is, without copying.
 func sanitize(text string) string {
 	if utf8.ValidString(text) {
 		return text
 	}
-	return string([]rune(text))
+	var b strings.Builder
+	b.Grow(len(text) + 16)
+	for i := 0; i < len(text); {
+		r, n := utf8.DecodeRuneInString(text[i:])
+		if r == utf8.RuneError && n == 1 {
+			b.WriteString("\uFFFD")
+		} else {
+			b.WriteString(text[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
 }
 
 // encode walks the pieces of text, appending ids to out when wantIDs is set,

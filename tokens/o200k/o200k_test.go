@@ -293,3 +293,19 @@ func TestCountDoesNotAllocate(t *testing.T) {
 		t.Errorf("warm cached Count allocates %.1f times per call", a)
 	}
 }
+
+func TestSanitizeMatchesRuneConversion(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	for i := 0; i < 20000; i++ {
+		b := make([]byte, r.IntN(24))
+		for j := range b {
+			b[j] = byte(r.UintN(256))
+			if r.IntN(3) == 0 {
+				b[j] = []byte("a\xe2\x82\xac\xf0\x9f\x98\x80\xed\xa0")[r.IntN(11)]
+			}
+		}
+		if got, want := sanitize(string(b)), string([]rune(string(b))); got != want {
+			t.Fatalf("sanitize(%q) = %q, want %q", b, got, want)
+		}
+	}
+}

@@ -1,0 +1,386 @@
+package stages
+
+import (
+	"regexp"
+	"strings"
+
+	"github.com/ctxpipe/ctxpipe/prompts"
+	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/tokens"
+)
+
+// NMessagesToKeep is how many of the latest messages a keep_tail condense
+// leaves untouched (Roo's N_MESSAGES_TO_KEEP).
+const NMessagesToKeep = 3
+
+// PreserveFraction of the characters a preserve_fraction condense keeps
+// (Gemini's COMPRESSION_PRESERVE_THRESHOLD); the rest is summarized.
+const PreserveFraction = 0.3
+
+// CondensePlan is a condense chosen but not yet summarized: the request for
+// the summarizer and how to apply its answer.
+type CondensePlan struct {
+	Strategy   schema.Strategy
+	CondenseID string
+	Request    schema.SummaryRequest
+	finish     func(summary string, count func(schema.Content) int) Condensed
+}
+
+// Condensed is a condense applied in memory.
+type Condensed struct {
+	Changes           schema.Changes
+	History           []schema.Message // full history after the condense
+	Summary           schema.Message
+	MessagesCondensed int
+}
+
+// Finish applies the summarizer's text: tags the condensed messages and
+// inserts the summary message. count gives the summary's token count.
+func (p *CondensePlan) Finish(summary string, count func(schema.Content) int) Condensed {
+	return p.finish(summary, count)
+}
+
+// PlanCondense chooses what to summarize with the profile's strategy. It
+// returns a *schema.Error with ReasonNotEnoughMessages or
+// ReasonCondensedRecently when there is nothing worth condensing.
+func PlanCondense(msgs []schema.Message, p *schema.Profile, inputID string) (*CondensePlan, error) {
+	id := DeriveID(inputID, "condense")
+	var plan *CondensePlan
+	var err error
+	switch s := p.StrategyOrDefault(); s {
+	case schema.StrategyFreshStart:
+		plan, err = planFreshStart(msgs, id)
+	case schema.StrategyPreserveFraction:
+		plan, err = planPreserveFraction(msgs, id)
+	default:
+		plan, err = planKeepTail(msgs, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	prompt, final := prompts.For(plan.Strategy, p.CustomPrompt)
+	plan.CondenseID = id
+	plan.Request.Prompt = prompt
+	plan.Request.Profile = *p
+	plan.Request.Strategy = plan.Strategy
+	if len(msgs) > 0 {
+		plan.Request.ConversationID = msgs[0].ConversationID
+	}
+	plan.Request.Messages = append(stripImages(plan.Request.Messages), schema.Message{
+		Turn: schema.Turn{Role: schema.RoleUser, Content: schema.TextContent(final)},
+	})
+	return plan, nil
+}
+
+// planKeepTail is Roo ≤ 3.42: keep the first message and the last three,
+// summarize what lies between since the last summary, and insert an
+// assistant summary just before the kept tail.
+func planKeepTail(msgs []schema.Message, id string) (*CondensePlan, error) {
+	keepStart := max(len(msgs)-NMessagesToKeep, 0)
+	since := sinceLastSummary(msgs[:keepStart], msgs)
+	if len(since) <= 1 {
+		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "%d messages to summarize; need at least 2 besides the last %d", len(since), NMessagesToKeep)
+	}
+	for i := keepStart; i < len(msgs); i++ {
+		if msgs[i].IsSummary {
+			return nil, schema.Errorf(schema.ReasonCondensedRecently, "a summary is among the last %d messages", NMessagesToKeep)
+		}
+	}
+	toolUses, reasoning := toolBlocksToPreserve(msgs, keepStart)
+	plan := &CondensePlan{Strategy: schema.StrategyKeepTail}
+	plan.Request.Messages = visibleOf(since, msgs)
+	plan.finish = func(text string, count func(schema.Content) int) Condensed {
+		content := []schema.Block{{Type: schema.BlockReasoning, Text: prompts.SyntheticReasoning}}
+		content = append(content, reasoning...)
+		content = append(content, schema.Block{Type: schema.BlockText, Text: text})
+		content = append(content, toolUses...)
+		kept := &msgs[keepStart]
+		ed := newEditor(msgs)
+		n := 0
+		for i := 1; i < keepStart; i++ {
+			if ed.msgs[i].CondenseParent == "" {
+				ed.tagAt(i, schema.TagCondenseParent, id)
+				n++
+			}
+		}
+		sum := summaryMessage(id, kept, schema.RoleAssistant, kept.TS-1, schema.BlockContent(content...), count)
+		ed.insertAt(keepStart, sum)
+		return Condensed{Changes: ed.changes(), History: ed.msgs, Summary: sum, MessagesCondensed: n}
+	}
+	return plan, nil
+}
+
+// sinceLastSummary is Roo's getMessagesSinceLastSummary over head: from the
+// last summary on, with the conversation's first message put in front when
+// that summary is an assistant message (a request must start with a user turn).
+func sinceLastSummary(head, all []schema.Message) []schema.Message {
+	last := -1
+	for i := range head {
+		if head[i].IsSummary {
+			last = i
+		}
+	}
+	if last < 0 {
+		return head
+	}
+	since := head[last:]
+	if head[last].Role == schema.RoleAssistant && len(all) > 0 {
+		since = append([]schema.Message{all[0]}, since...)
+	}
+	return since
+}
+
+// toolBlocksToPreserve is Roo's getKeepMessagesWithToolBlocks: when the first
+// kept message answers tool calls, the tool_use (and reasoning) blocks of the
+// message before it go into the summary, so no tool_result loses its call.
+func toolBlocksToPreserve(msgs []schema.Message, keepStart int) (toolUses, reasoning []schema.Block) {
+	if keepStart <= 0 || keepStart >= len(msgs) || !msgs[keepStart].Content.HasBlock(schema.BlockToolResult) {
+		return nil, nil
+	}
+	for _, b := range msgs[keepStart-1].Content.Blocks {
+		switch b.Type {
+		case schema.BlockToolUse:
+			toolUses = append(toolUses, b)
+		case schema.BlockReasoning:
+			reasoning = append(reasoning, b)
+		}
+	}
+	if len(toolUses) == 0 {
+		return nil, nil
+	}
+	return toolUses, reasoning
+}
+
+// planFreshStart is Roo ≥ 3.43: everything so far is tagged and a user
+// summary is appended; the model then starts fresh from the summary.
+func planFreshStart(msgs []schema.Message, id string) (*CondensePlan, error) {
+	if len(msgs) <= 1 {
+		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "%d messages; need at least 2", len(msgs))
+	}
+	if msgs[len(msgs)-1].IsSummary {
+		return nil, schema.Errorf(schema.ReasonCondensedRecently, "nothing was said since the last summary")
+	}
+	plan := &CondensePlan{Strategy: schema.StrategyFreshStart}
+	plan.Request.Messages = toolBlocksAsText(withDeferredToolResults(EffectiveHistory(msgs)))
+	commands := commandBlocks(msgs[0])
+	plan.finish = func(text string, count func(schema.Content) int) Condensed {
+		blocks := []schema.Block{{Type: schema.BlockText, Text: text}}
+		if commands != "" {
+			blocks = append(blocks, schema.Block{Type: schema.BlockText, Text: "<system-reminder>\n" + commands + "\n</system-reminder>"})
+		}
+		ed := newEditor(msgs)
+		n := 0
+		for i := range ed.msgs {
+			if ed.msgs[i].CondenseParent == "" {
+				ed.tagAt(i, schema.TagCondenseParent, id)
+				n++
+			}
+		}
+		last := &msgs[len(msgs)-1]
+		sum := summaryMessage(id, last, schema.RoleUser, last.TS+1, schema.BlockContent(blocks...), count)
+		ed.insertAt(len(ed.msgs), sum)
+		return Condensed{Changes: ed.changes(), History: ed.msgs, Summary: sum, MessagesCondensed: n}
+	}
+	return plan, nil
+}
+
+// planPreserveFraction is Gemini CLI's compression: summarize the oldest 70 %
+// of the effective history's characters, split at a user turn that carries
+// no tool result, and put a user summary before what is kept.
+func planPreserveFraction(msgs []schema.Message, id string) (*CondensePlan, error) {
+	eff := EffectiveHistory(msgs)
+	split := SplitPoint(eff, 1-PreserveFraction)
+	if split == 0 {
+		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "no user turn to split at")
+	}
+	if split == 1 && eff[0].IsSummary {
+		return nil, schema.Errorf(schema.ReasonCondensedRecently, "only the last summary would be summarized")
+	}
+	plan := &CondensePlan{Strategy: schema.StrategyPreserveFraction}
+	plan.Request.Messages = eff[:split]
+	plan.finish = func(text string, count func(schema.Content) int) Condensed {
+		ed := newEditor(msgs)
+		at, n := len(ed.msgs), 0
+		for i := range ed.msgs {
+			if split < len(eff) && ed.msgs[i].ID == eff[split].ID {
+				at = i
+				break
+			}
+			if ed.msgs[i].CondenseParent == "" {
+				ed.tagAt(i, schema.TagCondenseParent, id)
+				n++
+			}
+		}
+		ref, ts := &msgs[len(msgs)-1], msgs[len(msgs)-1].TS+1
+		if at < len(ed.msgs) {
+			ref, ts = &ed.msgs[at], ed.msgs[at].TS-1
+		}
+		sum := summaryMessage(id, ref, schema.RoleUser, ts, schema.BlockContent(schema.Block{Type: schema.BlockText, Text: text}), count)
+		ed.insertAt(at, sum)
+		return Condensed{Changes: ed.changes(), History: ed.msgs, Summary: sum, MessagesCondensed: n}
+	}
+	return plan, nil
+}
+
+// SplitPoint is Gemini's findCompressSplitPoint: the index of the first user
+// message without tool results at which the characters before it reach
+// fraction of the total. If none does, everything is compressed when the last
+// message is an assistant message without tool calls; otherwise the last
+// valid split point is used (0: nothing can be compressed).
+func SplitPoint(msgs []schema.Message, fraction float64) int {
+	chars := make([]int, len(msgs))
+	total := 0
+	for i := range msgs {
+		b, _ := schema.Marshal(msgs[i].Content)
+		chars[i] = len(b) + len(msgs[i].Role)
+		total += chars[i]
+	}
+	target := float64(total) * fraction
+	last, cum := 0, 0
+	for i := range msgs {
+		if msgs[i].Role == schema.RoleUser && !msgs[i].Content.HasBlock(schema.BlockToolResult) {
+			if float64(cum) >= target {
+				return i
+			}
+			last = i
+		}
+		cum += chars[i]
+	}
+	if n := len(msgs); n > 0 && msgs[n-1].Role == schema.RoleAssistant && !msgs[n-1].Content.HasBlock(schema.BlockToolUse) {
+		return n
+	}
+	return last
+}
+
+func summaryMessage(id string, ref *schema.Message, role schema.Role, ts int64, c schema.Content, count func(schema.Content) int) schema.Message {
+	return schema.Message{
+		Turn: schema.Turn{
+			ID:             DeriveID(id, "summary"),
+			ConversationID: ref.ConversationID,
+			ProfileID:      ref.ProfileID,
+			TS:             ts,
+			Role:           role,
+			Content:        c,
+		},
+		IsSummary:  true,
+		CondenseID: id,
+		Tokens:     count(c),
+	}
+}
+
+// visibleOf keeps the messages of sub that are in the effective history of
+// all (as the effective history has them: orphaned tool results dropped).
+func visibleOf(sub, all []schema.Message) []schema.Message {
+	want := make(map[string]bool, len(sub))
+	for i := range sub {
+		want[sub[i].ID] = true
+	}
+	var out []schema.Message
+	for _, m := range EffectiveHistory(all) {
+		if want[m.ID] {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// stripImages replaces image blocks (also inside tool results) with a short
+// text: a summary needs no pixels, and images are the costliest input.
+func stripImages(msgs []schema.Message) []schema.Message {
+	out := make([]schema.Message, len(msgs))
+	for i, m := range msgs {
+		out[i] = m
+		if !m.Content.IsBlocks {
+			continue
+		}
+		out[i].Content = schema.BlockContent(mapBlocks(m.Content.Blocks, func(b schema.Block) schema.Block {
+			if b.Type == schema.BlockImage {
+				return schema.Block{Type: schema.BlockText, Text: "[image omitted]"}
+			}
+			if b.Type == schema.BlockToolResult && b.Content != nil && b.Content.IsBlocks {
+				c := schema.BlockContent(mapBlocks(b.Content.Blocks, func(nb schema.Block) schema.Block {
+					if nb.Type == schema.BlockImage {
+						return schema.Block{Type: schema.BlockText, Text: "[image omitted]"}
+					}
+					return nb
+				})...)
+				b.Content = &c
+			}
+			return b
+		})...)
+	}
+	return out
+}
+
+func mapBlocks(in []schema.Block, f func(schema.Block) schema.Block) []schema.Block {
+	out := make([]schema.Block, len(in))
+	for i, b := range in {
+		out[i] = f(b)
+	}
+	return out
+}
+
+// withDeferredToolResults answers every tool call that has no result yet
+// with a synthetic one, so the summarizer's request is a valid tool exchange.
+func withDeferredToolResults(msgs []schema.Message) []schema.Message {
+	answered := map[string]bool{}
+	for i := range msgs {
+		for _, b := range msgs[i].Content.Blocks {
+			if b.Type == schema.BlockToolResult {
+				answered[b.ToolUseID] = true
+			}
+		}
+	}
+	var pending []schema.Block
+	for i := range msgs {
+		for _, b := range msgs[i].Content.Blocks {
+			if b.Type == schema.BlockToolUse && !answered[b.ID] {
+				c := schema.TextContent(prompts.ToolDeferred)
+				pending = append(pending, schema.Block{Type: schema.BlockToolResult, ToolUseID: b.ID, Content: &c})
+			}
+		}
+	}
+	if len(pending) == 0 {
+		return msgs
+	}
+	out := append([]schema.Message(nil), msgs...)
+	return append(out, schema.Message{Turn: schema.Turn{Role: schema.RoleUser, Content: schema.BlockContent(pending...)}})
+}
+
+// toolBlocksAsText turns tool calls and results into text blocks, so the
+// summarizer request needs no tool definitions (providers reject tool blocks
+// without them).
+func toolBlocksAsText(msgs []schema.Message) []schema.Message {
+	out := make([]schema.Message, len(msgs))
+	for i, m := range msgs {
+		out[i] = m
+		if !m.Content.IsBlocks {
+			continue
+		}
+		out[i].Content = schema.BlockContent(mapBlocks(m.Content.Blocks, func(b schema.Block) schema.Block {
+			switch b.Type {
+			case schema.BlockToolUse:
+				return schema.Block{Type: schema.BlockText, Text: tokens.SerializeToolUse(&b)}
+			case schema.BlockToolResult:
+				return schema.Block{Type: schema.BlockText, Text: tokens.SerializeToolResult(&b)}
+			}
+			return b
+		})...)
+	}
+	return out
+}
+
+var commandPattern = regexp.MustCompile(`(?s)<command>.*?</command>`)
+
+// commandBlocks returns the <command> blocks of a message's text, which a
+// fresh_start summary carries so that slash-command instructions survive
+// every condense.
+func commandBlocks(m schema.Message) string {
+	var found []string
+	for _, b := range m.Content.BlocksOf() {
+		if b.Type == schema.BlockText {
+			found = append(found, commandPattern.FindAllString(b.Text, -1)...)
+		}
+	}
+	return strings.Join(found, "\n")
+}

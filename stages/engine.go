@@ -1,0 +1,416 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/tokens"
+)
+
+// Summarizer writes a summary of a conversation (an LLM, or the offline
+// extractive condenser). A returned error is an outcome (condense_failed with
+// llm_error) unless ctx is done.
+type Summarizer interface {
+	Summarize(ctx context.Context, req schema.SummaryRequest) (schema.Summary, error)
+}
+
+// History gives the engine a conversation's stored history when a decision
+// needs it. The engine asks only when it condenses, truncates or rewinds, so
+// a turn that needs no action costs O(1) whatever the history's length.
+type History interface {
+	// Messages is the full stored history, hidden messages included, in order.
+	Messages(ctx context.Context) ([]schema.Message, error)
+	// ContextEvents are the conversation's condense and truncation events.
+	ContextEvents(ctx context.Context) ([]schema.ContextEventRef, error)
+}
+
+// Engine turns one input into the Changes it causes. The zero value is not
+// usable: set Summarizer.
+type Engine struct {
+	Summarizer Summarizer
+	Globals    schema.Globals
+	Log        *slog.Logger
+	// Progress, when set, receives the context_managing event before the
+	// summarizer is called, so a UI can show progress while it runs. The
+	// event is in the returned Changes too (it has the same id).
+	Progress func(ctx context.Context, ev schema.Event)
+	// Counter picks a profile's counter; tokens.ForProfile when nil.
+	Counter func(p *schema.Profile) (tokens.Counter, error)
+}
+
+// SummarizerFunc adapts a function to a Summarizer.
+type SummarizerFunc func(ctx context.Context, req schema.SummaryRequest) (schema.Summary, error)
+
+// Summarize calls f.
+func (f SummarizerFunc) Summarize(ctx context.Context, req schema.SummaryRequest) (schema.Summary, error) {
+	return f(ctx, req)
+}
+
+// NewEngine returns an engine with Roo's global defaults.
+func NewEngine(s Summarizer) *Engine {
+	return &Engine{Summarizer: s, Globals: schema.DefaultGlobals(), Log: slog.Default()}
+}
+
+// Apply runs the stages for one input: count, threshold, condense, verify,
+// truncate. st is the conversation's state before the input (zero for a new
+// conversation). A returned *schema.Error means the input is rejected (for
+// example orphan_tool_result); any other error is transient or ctx's.
+// Domain failures, such as a condense that did not shrink the context, are
+// events in the returned Changes, not errors.
+func (e *Engine) Apply(ctx context.Context, st schema.ConversationState, h History, p *schema.Profile, in schema.Input) (*schema.Changes, error) {
+	counter := e.Counter
+	if counter == nil {
+		counter = tokens.ForProfile
+	}
+	ctr, err := counter(p)
+	if err != nil {
+		return nil, fmt.Errorf("token counter for profile %q: %w", p.ID, err)
+	}
+	st.ConversationID, st.ProfileID = in.ConversationID, p.ID
+	r := &run{e: e, ctx: ctx, in: in, p: p, ctr: ctr, st: st, h: h}
+	switch in.Kind {
+	case schema.KindTurn:
+		err = r.turn()
+	case schema.KindCondense:
+		err = r.manage(Decide(st.ContextTokens, p, e.Globals, schema.TriggerManual, st.CondenseBlocked, e.Log))
+	case schema.KindOverflow:
+		err = r.manage(Decide(st.ContextTokens, p, e.Globals, schema.TriggerForced, st.CondenseBlocked, e.Log))
+	case schema.KindRewind:
+		err = r.rewind()
+	default:
+		err = schema.Errorf(schema.ReasonUnknownKind, "unknown input kind %q", in.Kind)
+	}
+	if err != nil {
+		return nil, err
+	}
+	r.ch.State = r.st
+	r.ch.Tags = foldTags(r.ch.Insert, r.ch.Tags)
+	return &r.ch, nil
+}
+
+// run is one Apply call's working state.
+type run struct {
+	e   *Engine
+	ctx context.Context
+	in  schema.Input
+	p   *schema.Profile
+	ctr tokens.Counter
+	st  schema.ConversationState
+	h   History
+	ch  schema.Changes
+	// hist is the full history as it will be after ch, once loaded.
+	hist    []schema.Message
+	loaded  bool
+	pending *schema.Message // the new turn, not yet in the store
+}
+
+func (r *run) turn() error {
+	t := r.in.Turn
+	if t.Role == schema.RoleUser {
+		for _, b := range t.Content.Blocks {
+			if b.Type == schema.BlockToolResult && !contains(r.st.LastToolUseIDs, b.ToolUseID) {
+				return schema.Errorf(schema.ReasonOrphanToolResult, "tool_result %q answers no tool_use of the previous assistant turn", b.ToolUseID)
+			}
+		}
+	}
+	msg := schema.Message{Turn: *t, Tokens: r.ctr.Content(t.Content)}
+	if t.SystemPrompt != "" && t.SystemPrompt != r.st.SystemPrompt {
+		n := r.ctr.String(t.SystemPrompt)
+		r.st.ContextTokens += n - r.st.SystemTokens
+		r.st.SystemPrompt, r.st.SystemTokens = t.SystemPrompt, n
+	}
+	if t.Usage != nil {
+		r.st.ContextTokens = t.Usage.Total()
+	} else {
+		r.st.ContextTokens += msg.Tokens
+	}
+	r.st.LastToolUseIDs = nextToolUseIDs(r.st.LastToolUseIDs, &msg)
+	r.st.Messages++
+	r.st.LastTS = max(r.st.LastTS, t.TS)
+	r.ch.Insert = append(r.ch.Insert, schema.Insertion{Message: msg})
+	r.pending = &r.ch.Insert[len(r.ch.Insert)-1].Message
+	return r.manage(Decide(r.st.ContextTokens, r.p, r.e.Globals, schema.TriggerAuto, r.st.CondenseBlocked, r.e.Log))
+}
+
+// load reads the stored history once, with the pending turn appended.
+func (r *run) load() error {
+	if r.loaded {
+		return nil
+	}
+	msgs, err := r.h.Messages(r.ctx)
+	if err != nil {
+		return fmt.Errorf("load history of %s: %w", r.in.ConversationID, err)
+	}
+	if r.pending != nil {
+		// Full slice expression: never write into the caller's spare capacity.
+		msgs = append(msgs[:len(msgs):len(msgs)], *r.pending)
+	}
+	r.hist, r.loaded = msgs, true
+	return nil
+}
+
+// manage is manageContext: condense if the decision says so, check that the
+// context shrank, and truncate when the condense did not apply and the
+// context is over the allowed size.
+func (r *run) manage(d Decision) error {
+	if !d.Condense && !d.Truncate {
+		return nil
+	}
+	if err := r.load(); err != nil {
+		return err
+	}
+	condensed := false
+	if d.Condense {
+		ok, err := r.condense(d)
+		if err != nil {
+			return err
+		}
+		condensed = ok
+	}
+	if !condensed && d.Truncate {
+		r.truncate(d)
+	}
+	r.st.Messages = len(r.hist)
+	return nil
+}
+
+func (r *run) condense(d Decision) (bool, error) {
+	managing := &schema.ContextManaging{
+		EventHeader:   r.header(schema.EventContextManaging),
+		Trigger:       d.Trigger,
+		ContextTokens: d.Prev,
+		ContextWindow: d.Window,
+		Threshold:     d.Threshold,
+	}
+	r.ch.Events = append(r.ch.Events, managing)
+	if r.e.Progress != nil {
+		r.e.Progress(r.ctx, managing)
+	}
+	fail := func(reason schema.Reason, msg string, cost float64) (bool, error) {
+		r.ch.Events = append(r.ch.Events, &schema.CondenseFailed{
+			EventHeader: r.header(schema.EventCondenseFailed),
+			Error:       reason, Message: msg, Cost: cost, Trigger: d.Trigger,
+		})
+		if d.Trigger != schema.TriggerManual {
+			r.st.CondenseBlocked = true
+		}
+		r.log().Info("condense failed", "reason", reason, "detail", msg, "trigger", d.Trigger)
+		return false, nil
+	}
+	plan, err := PlanCondense(r.hist, r.p, r.in.ID)
+	if err != nil {
+		var se *schema.Error
+		if errors.As(err, &se) {
+			return fail(se.Reason, se.Message, 0)
+		}
+		return false, err
+	}
+	sum, err := r.e.Summarizer.Summarize(r.ctx, plan.Request)
+	if cerr := r.ctx.Err(); cerr != nil {
+		return false, cerr
+	}
+	if err != nil {
+		return fail(schema.ReasonLLMError, err.Error(), 0)
+	}
+	if strings.TrimSpace(sum.Text) == "" {
+		return fail(schema.ReasonEmptySummary, "the summarizer returned no text", sum.Cost)
+	}
+	c := plan.Finish(sum.Text, r.ctr.Content)
+	next := ContextTokens(r.st.SystemTokens, EffectiveHistory(c.History))
+	if err := VerifyShrink(d.Prev, next); err != nil {
+		return fail(schema.ReasonContextGrew, err.Error(), sum.Cost)
+	}
+	r.merge(c.Changes, c.History)
+	r.st.ContextTokens = next
+	r.st.Condensations++
+	r.st.CondenseBlocked = false
+	r.ch.Events = append(r.ch.Events, &schema.CondenseContext{
+		EventHeader:       r.header(schema.EventCondenseContext),
+		CondenseID:        plan.CondenseID,
+		Summary:           sum.Text,
+		Cost:              sum.Cost,
+		PrevContextTokens: d.Prev,
+		NewContextTokens:  next,
+		MessagesCondensed: c.MessagesCondensed,
+		Trigger:           d.Trigger,
+		Model:             sum.Model,
+		Strategy:          string(plan.Strategy),
+	})
+	r.log().Info("condensed", "strategy", plan.Strategy, "trigger", d.Trigger, "prev_tokens", d.Prev, "new_tokens", next, "messages", c.MessagesCondensed)
+	return true, nil
+}
+
+// VerifyShrink rejects a condense whose new context is not smaller than the
+// old one (Roo's "context grew" check; Gemini's inflated-token check).
+func VerifyShrink(prev, next int) error {
+	if next >= prev {
+		return fmt.Errorf("context would grow or stay the same: %d tokens before, %d after", prev, next)
+	}
+	return nil
+}
+
+func (r *run) truncate(d Decision) {
+	t, ok := PlanTruncation(r.hist, TruncateFraction, DeriveID(r.in.ID, "truncation"), r.ctr.Content)
+	if !ok {
+		r.log().Warn("over the allowed context, but there is nothing left to truncate", "tokens", d.Prev, "allowed", d.Allowed)
+		return
+	}
+	r.merge(t.Changes, t.History)
+	next := ContextTokens(r.st.SystemTokens, EffectiveHistory(t.History))
+	r.st.ContextTokens = next
+	r.st.Truncations++
+	r.ch.Events = append(r.ch.Events, &schema.SlidingWindowTruncation{
+		EventHeader:       r.header(schema.EventSlidingWindowTruncation),
+		TruncationID:      t.TruncationID,
+		MessagesRemoved:   t.Removed,
+		PrevContextTokens: d.Prev,
+		NewContextTokens:  next,
+	})
+	r.log().Info("truncated", "messages", t.Removed, "prev_tokens", d.Prev, "new_tokens", next)
+}
+
+func (r *run) rewind() error {
+	msgs, err := r.h.Messages(r.ctx)
+	if err != nil {
+		return fmt.Errorf("load history of %s: %w", r.in.ConversationID, err)
+	}
+	evs, err := r.h.ContextEvents(r.ctx)
+	if err != nil {
+		return fmt.Errorf("load context events of %s: %w", r.in.ConversationID, err)
+	}
+	rw, ok := PlanRewind(msgs, evs, r.in.TS, r.in.IncludeTarget)
+	if !ok {
+		return schema.Errorf(schema.ReasonUnknownTarget, "nothing to rewind at or after ts %d", r.in.TS)
+	}
+	r.ch.Delete = rw.Changes.Delete
+	r.ch.Tags = rw.Changes.Tags
+	eff := EffectiveHistory(rw.History)
+	r.st.ContextTokens = ContextTokens(r.st.SystemTokens, eff)
+	r.st.Messages = len(rw.History)
+	r.st.Condensations, r.st.Truncations = 0, 0
+	for i := range rw.History {
+		if rw.History[i].IsSummary {
+			r.st.Condensations++
+		}
+		if rw.History[i].IsTruncationMarker {
+			r.st.Truncations++
+		}
+	}
+	r.st.CondenseBlocked = false
+	r.st.LastToolUseIDs = nil
+	for i := range eff {
+		r.st.LastToolUseIDs = nextToolUseIDs(r.st.LastToolUseIDs, &eff[i])
+	}
+	r.st.LastTS = 0
+	for i := range rw.History {
+		r.st.LastTS = max(r.st.LastTS, rw.History[i].TS)
+	}
+	r.ch.Events = append(r.ch.Events, &schema.Rewind{
+		EventHeader:          r.header(schema.EventRewind),
+		CutoffTS:             r.in.TS,
+		IncludeTarget:        r.in.IncludeTarget,
+		RemovedCondenseIDs:   rw.RemovedCondenseIDs,
+		RemovedTruncationIDs: rw.RemovedTruncationIDs,
+		MessagesRemoved:      rw.MessagesRemoved,
+		MessagesRestored:     rw.MessagesRestored,
+	})
+	return nil
+}
+
+// merge adds a planner's changes (made over r.hist) and adopts its history.
+func (r *run) merge(ch schema.Changes, hist []schema.Message) {
+	r.ch.Insert = append(r.ch.Insert, ch.Insert...)
+	r.ch.Tags = append(r.ch.Tags, ch.Tags...)
+	r.hist = hist
+	if r.pending != nil {
+		r.pending = &r.ch.Insert[0].Message // append may have moved it
+	}
+}
+
+func (r *run) header(t schema.EventType) schema.EventHeader {
+	return schema.EventHeader{
+		ID:             DeriveID(r.in.ID, "event/"+string(t)),
+		Type:           t,
+		ConversationID: r.in.ConversationID,
+		TS:             r.in.TS,
+		InputID:        r.in.ID,
+	}
+}
+
+func (r *run) log() *slog.Logger {
+	l := r.e.Log
+	if l == nil {
+		l = slog.Default()
+	}
+	return l.With("conv", r.in.ConversationID, "input_id", r.in.ID)
+}
+
+// foldTags moves tag changes aimed at messages inserted by the same Changes
+// into those messages, so a store never applies a tag before its insert.
+func foldTags(ins []schema.Insertion, tags []schema.TagChange) []schema.TagChange {
+	if len(ins) == 0 || len(tags) == 0 {
+		return tags
+	}
+	at := make(map[string]int, len(ins))
+	for i := range ins {
+		at[ins[i].Message.ID] = i
+	}
+	out := tags[:0:0]
+	for _, t := range tags {
+		i, ok := at[t.MessageID]
+		if !ok {
+			out = append(out, t)
+			continue
+		}
+		if t.Field == schema.TagCondenseParent {
+			ins[i].Message.CondenseParent = t.Value
+		} else {
+			ins[i].Message.TruncationParent = t.Value
+		}
+	}
+	return out
+}
+
+// nextToolUseIDs tracks the tool calls a following tool_result may answer:
+// an assistant turn opens its calls, a user turn closes the ones it answers.
+func nextToolUseIDs(open []string, m *schema.Message) []string {
+	if m.Role == schema.RoleAssistant {
+		var ids []string
+		for _, b := range m.Content.Blocks {
+			if b.Type == schema.BlockToolUse {
+				ids = append(ids, b.ID)
+			}
+		}
+		return ids
+	}
+	if len(open) == 0 {
+		return open
+	}
+	var still []string
+	for _, id := range open {
+		answered := false
+		for _, b := range m.Content.Blocks {
+			if b.Type == schema.BlockToolResult && b.ToolUseID == id {
+				answered = true
+				break
+			}
+		}
+		if !answered {
+			still = append(still, id)
+		}
+	}
+	return still
+}
+
+func contains(ids []string, id string) bool {
+	for _, v := range ids {
+		if v == id {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,420 @@
+package stages
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/ctxpipe/ctxpipe/prompts"
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+func TestKeepTailTwelveMessages(t *testing.T) {
+	// The seeds' worked example: 12 messages, the first and the last 3 kept,
+	// m1..m8 tagged, the assistant summary inserted before m9.
+	h := msgs(12)
+	p := schema.Profile{ID: "p", ContextWindow: 1000}
+	plan, err := PlanCondense(h, &p, "in-1")
+	mustNoErr(t, err)
+	// Summarized: m0..m8 (no earlier summary), plus the final instruction.
+	req := plan.Request.Messages
+	if got := join(req[:len(req)-1]); got != "m0 m1 m2 m3 m4 m5 m6 m7 m8" {
+		t.Fatalf("summarized %q", got)
+	}
+	c := plan.Finish("the summary", lenCount)
+	if got := join(c.History); got != "m0 m1 m2 m3 m4 m5 m6 m7 m8 S m9 m10 m11" {
+		t.Fatalf("history %q", got)
+	}
+	for i := 1; i <= 8; i++ {
+		if c.History[i].CondenseParent != plan.CondenseID {
+			t.Fatalf("m%d not tagged", i)
+		}
+	}
+	for _, i := range []int{0, 10, 11, 12} {
+		if c.History[i].CondenseParent != "" {
+			t.Fatalf("index %d must not be tagged", i)
+		}
+	}
+	s := c.History[9]
+	if s.Role != schema.RoleAssistant || !s.IsSummary || s.CondenseID != plan.CondenseID || s.TS != h[9].TS-1 {
+		t.Fatalf("summary %+v", s)
+	}
+	if b := s.Content.Blocks; len(b) != 2 || b[0].Type != schema.BlockReasoning || b[0].Text != prompts.SyntheticReasoning || b[1].Text != "the summary" {
+		t.Fatalf("summary content %+v", b)
+	}
+	if c.MessagesCondensed != 8 {
+		t.Fatalf("condensed %d", c.MessagesCondensed)
+	}
+	if got := join(EffectiveHistory(c.History)); got != "m0 S m9 m10 m11" {
+		t.Fatalf("effective %q", got)
+	}
+	// Changes replayed on the old history give the same result.
+	if got := Apply(h, &c.Changes); !reflect.DeepEqual(got, c.History) {
+		t.Fatalf("Apply(changes) differs:\n%v\n%v", join(got), join(c.History))
+	}
+}
+
+func TestKeepTailErrors(t *testing.T) {
+	p := schema.Profile{ID: "p", ContextWindow: 1000}
+	// 4 messages: slice(0,-3) leaves one message to summarize.
+	if _, err := PlanCondense(msgs(4), &p, "in"); schema.ReasonOf(err) != schema.ReasonNotEnoughMessages {
+		t.Fatalf("4 messages: %v", err)
+	}
+	if _, err := PlanCondense(msgs(5), &p, "in"); err != nil {
+		t.Fatalf("5 messages are enough: %v", err)
+	}
+	// A summary among the last 3 (here one appended by a fresh_start
+	// condense before the profile changed) → condensed_recently.
+	h := msgs(8)
+	h = append(h, schema.Message{Turn: schema.Turn{ID: "s", TS: 1075, Role: schema.RoleUser, Content: schema.TextContent("sum")}, IsSummary: true, CondenseID: "c"})
+	h = append(h, textMsg(9, "a"), textMsg(10, "b"))
+	if _, err := PlanCondense(h, &p, "in2"); schema.ReasonOf(err) != schema.ReasonCondensedRecently {
+		t.Fatalf("summary in tail: %v", err)
+	}
+	// As the seeds define it, a keep_tail summary sits just before the tail,
+	// so right after a condense [first, summary] may be condensed again.
+	plan, _ := PlanCondense(msgs(12), &p, "in")
+	if _, err := PlanCondense(plan.Finish("s", lenCount).History, &p, "in3"); err != nil {
+		t.Fatalf("summary just before the tail: %v", err)
+	}
+}
+
+func TestKeepTailNested(t *testing.T) {
+	// A second condense tags the first summary and the messages after it, and
+	// leaves earlier tags alone (their parent stays the first condense).
+	p := schema.Profile{ID: "p", ContextWindow: 1000}
+	h := msgs(12)
+	p1, _ := PlanCondense(h, &p, "in-1")
+	h = p1.Finish("first", lenCount).History
+	for i := 12; i < 16; i++ {
+		h = append(h, textMsg(i, "more"))
+	}
+	p2, err := PlanCondense(h, &p, "in-2")
+	mustNoErr(t, err)
+	// Since the last (assistant) summary, with the first message in front.
+	req := p2.Request.Messages
+	if got := join(req[:len(req)-1]); got != "m0 S m9 m10 m11 m12" {
+		t.Fatalf("second request %q", got)
+	}
+	h2 := p2.Finish("second", lenCount).History
+	if got := join(EffectiveHistory(h2)); got != "m0 S m13 m14 m15" {
+		t.Fatalf("effective %q", got)
+	}
+	if h2[1].CondenseParent != p1.CondenseID || h2[9].CondenseParent != p2.CondenseID {
+		t.Fatalf("nesting lost: m1 %q, first summary %q", h2[1].CondenseParent, h2[9].CondenseParent)
+	}
+}
+
+func TestKeepTailToolCarryOver(t *testing.T) {
+	// The first kept message answers a tool call: the call (and the reasoning
+	// next to it) goes into the summary, so the tool_result keeps its tool_use.
+	h := msgs(9)
+	h[7].Content = schema.BlockContent(
+		schema.Block{Type: schema.BlockReasoning, Text: "think"},
+		schema.Block{Type: schema.BlockText, Text: "reading"},
+		toolUse("call_1", "read_file", `{"path":"a.go"}`),
+	)
+	h[8].Content = schema.BlockContent(toolResult("call_1", "package a"))
+	h = append(h, textMsg(9, "ok"), textMsg(10, "next"))
+	// keepStart = 8: h[8] holds the tool_result, h[7] the tool_use.
+	p := schema.Profile{ID: "p", ContextWindow: 1000}
+	plan, err := PlanCondense(h, &p, "in")
+	mustNoErr(t, err)
+	c := plan.Finish("sum", lenCount)
+	b := c.Summary.Content.Blocks
+	types := []schema.BlockType{}
+	for _, x := range b {
+		types = append(types, x.Type)
+	}
+	want := []schema.BlockType{schema.BlockReasoning, schema.BlockReasoning, schema.BlockText, schema.BlockToolUse}
+	if !reflect.DeepEqual(types, want) || b[1].Text != "think" || b[3].ID != "call_1" || string(b[3].Input) != `{"path":"a.go"}` {
+		t.Fatalf("summary blocks %+v", b)
+	}
+	eff := EffectiveHistory(c.History)
+	if got := join(eff); got != "m0 S m8 m9 m10" {
+		t.Fatalf("effective %q", got)
+	}
+	if !eff[2].Content.HasBlock(schema.BlockToolResult) {
+		t.Fatal("the tool_result must stay: its tool_use is in the summary")
+	}
+}
+
+func TestTruncateElevenVisible(t *testing.T) {
+	// The seeds' example: 11 visible → floor(10 × 0.5) = 5 → 4 (even).
+	h := msgs(11)
+	tr, ok := PlanTruncation(h, 0.5, "trunc-1", lenCount)
+	if !ok || tr.Removed != 4 {
+		t.Fatalf("removed %d ok=%v", tr.Removed, ok)
+	}
+	if got := join(tr.History); got != "m0 m1 m2 m3 m4 T m5 m6 m7 m8 m9 m10" {
+		t.Fatalf("history %q", got)
+	}
+	for i := 1; i <= 4; i++ {
+		if tr.History[i].TruncationParent != "trunc-1" {
+			t.Fatalf("m%d not tagged", i)
+		}
+	}
+	m := tr.History[5]
+	if !m.IsTruncationMarker || m.TruncationID != "trunc-1" || m.Role != schema.RoleUser || m.TS != h[5].TS-1 ||
+		m.Content.Text != "[Sliding window truncation: 4 messages hidden to reduce context]" {
+		t.Fatalf("marker %+v", m)
+	}
+	if got := join(EffectiveHistory(tr.History)); got != "m0 T m5 m6 m7 m8 m9 m10" {
+		t.Fatalf("effective %q", got)
+	}
+}
+
+func TestTruncateCases(t *testing.T) {
+	cases := []struct {
+		n, removed int
+	}{{0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 2}, {6, 2}, {7, 2}, {8, 2}, {9, 4}, {10, 4}, {100, 48}}
+	for _, c := range cases {
+		tr, ok := PlanTruncation(msgs(c.n), 0.5, "t", lenCount)
+		if ok != (c.removed > 0) || tr.Removed != c.removed {
+			t.Errorf("%d visible: removed %d ok=%v, want %d", c.n, tr.Removed, ok, c.removed)
+		}
+	}
+}
+
+func TestSecondTruncationHidesOldMarker(t *testing.T) {
+	h := msgs(11)
+	t1, _ := PlanTruncation(h, 0.5, "t1", lenCount)
+	// Visible now: m0 m5..m10 (7) → floor(6/2)=3 → 2: m5, m6 hidden, and T1 too.
+	t2, ok := PlanTruncation(t1.History, 0.5, "t2", lenCount)
+	if !ok || t2.Removed != 2 {
+		t.Fatalf("removed %d", t2.Removed)
+	}
+	if got := join(EffectiveHistory(t2.History)); got != "m0 T m7 m8 m9 m10" {
+		t.Fatalf("effective %q", got)
+	}
+	// Rewinding the second truncation brings back m5, m6 and the first marker.
+	evs := []schema.ContextEventRef{
+		{Type: schema.EventSlidingWindowTruncation, ID: "t1", TS: 1},
+		{Type: schema.EventSlidingWindowTruncation, ID: "t2", TS: 5000},
+	}
+	rw, ok := PlanRewind(t2.History, evs, 5000, false)
+	if !ok || !reflect.DeepEqual(rw.RemovedTruncationIDs, []string{"t2"}) {
+		t.Fatalf("rewind %+v", rw)
+	}
+	if got := join(EffectiveHistory(rw.History)); got != "m0 T m5 m6 m7 m8 m9 m10" {
+		t.Fatalf("after rewind %q", got)
+	}
+	if rw.MessagesRestored != 2 {
+		t.Fatalf("restored %d", rw.MessagesRestored)
+	}
+}
+
+func TestRewindRestoresCondensed(t *testing.T) {
+	// The seeds' rewind cleanup: removing the condense event removes its
+	// summary (even though the summary's ts is before the cutoff), and
+	// clearing the orphaned tags restores every message exactly.
+	orig := msgs(12)
+	p := schema.Profile{ID: "p", ContextWindow: 1000}
+	plan, _ := PlanCondense(orig, &p, "in")
+	h := plan.Finish("s", lenCount).History
+	evs := []schema.ContextEventRef{{Type: schema.EventCondenseContext, ID: plan.CondenseID, TS: orig[11].TS}}
+	// Cut at m11 (the turn that caused the condense), keeping it.
+	rw, ok := PlanRewind(h, evs, orig[11].TS, true)
+	if !ok {
+		t.Fatal("nothing rewound")
+	}
+	if !reflect.DeepEqual(rw.History, orig) {
+		t.Fatalf("not restored exactly:\n%v", join(rw.History))
+	}
+	if rw.MessagesRemoved != 0 || rw.MessagesRestored != 8 || len(rw.RemovedCondenseIDs) != 1 {
+		t.Fatalf("%+v", rw)
+	}
+	// Without the target: m11 goes too.
+	rw, _ = PlanRewind(h, evs, orig[11].TS, false)
+	if !reflect.DeepEqual(rw.History, orig[:11]) || rw.MessagesRemoved != 1 {
+		t.Fatalf("without target: %v removed %d", join(rw.History), rw.MessagesRemoved)
+	}
+	// A cutoff before the event but after the messages it hid: the tail is
+	// cut and the condense undone.
+	rw, _ = PlanRewind(h, evs, orig[10].TS, false)
+	if !reflect.DeepEqual(rw.History, orig[:10]) {
+		t.Fatalf("cut at m10: %v", join(rw.History))
+	}
+}
+
+func TestRewindRaceAdjustment(t *testing.T) {
+	// No message has the cutoff ts, but older ones exist: the cutoff moves to
+	// the first user message at or after it.
+	h := msgs(6) // ts 1000..1050; m4 (1040) is the first user turn at or after 1025
+	rw, ok := PlanRewind(h, nil, 1025, false)
+	if !ok || rw.CutoffTS != 1040 || join(rw.History) != "m0 m1 m2 m3" {
+		t.Fatalf("cutoff %d history %q", rw.CutoffTS, join(rw.History))
+	}
+	if _, ok := PlanRewind(h, nil, 9999, false); ok {
+		t.Fatal("a cutoff after everything rewinds nothing")
+	}
+}
+
+func TestCleanup(t *testing.T) {
+	h := msgs(4)
+	h[1].CondenseParent = "gone"
+	h[2].TruncationParent = "gone-too"
+	h = append(h, schema.Message{Turn: schema.Turn{ID: "live", Role: schema.RoleUser}, IsTruncationMarker: true, TruncationID: "live"})
+	h[3].TruncationParent = "live"
+	got := Cleanup(h)
+	want := []schema.TagChange{
+		{MessageID: msgID(1), Field: schema.TagCondenseParent},
+		{MessageID: msgID(2), Field: schema.TagTruncationParent},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("cleanup %+v", got)
+	}
+}
+
+func TestEffectiveDropsOrphanToolResults(t *testing.T) {
+	h := msgs(6)
+	h[1].Content = schema.BlockContent(toolUse("a", "x", `{}`))
+	h[2].Content = schema.BlockContent(toolResult("a", "ok"))
+	h[3].Content = schema.BlockContent(toolUse("b", "x", `{}`))
+	h[4].Content = schema.BlockContent(toolResult("b", "ok"), schema.Block{Type: schema.BlockText, Text: "and"})
+	h = append(h, schema.Message{Turn: schema.Turn{ID: "mk", TS: 1, Role: schema.RoleUser}, IsTruncationMarker: true, TruncationID: "t"})
+	h[3].TruncationParent = "t" // hide the second call
+	eff := EffectiveHistory(h)
+	if got := join(eff); got != "m0 m1 m2 m4 m5 T" {
+		t.Fatalf("effective %q", got)
+	}
+	if b := eff[3].Content.Blocks; len(b) != 1 || b[0].Type != schema.BlockText {
+		t.Fatalf("orphan result kept: %+v", b)
+	}
+	if len(h[4].Content.Blocks) != 2 {
+		t.Fatal("the stored message must not change")
+	}
+	// A user message that held only an orphaned result disappears.
+	h[4].Content = schema.BlockContent(toolResult("b", "ok"))
+	if got := join(EffectiveHistory(h)); got != "m0 m1 m2 m5 T" {
+		t.Fatalf("effective %q", got)
+	}
+}
+
+func TestFreshStart(t *testing.T) {
+	h := msgs(6)
+	h[0].Content = schema.TextContent("do it <command>make test</command> please")
+	h[5].Content = schema.BlockContent(schema.Block{Type: schema.BlockText, Text: "running"}, toolUse("c1", "bash", `{"cmd":"ls"}`))
+	p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyFreshStart}
+	plan, err := PlanCondense(h, &p, "in")
+	mustNoErr(t, err)
+	req := plan.Request.Messages
+	// m0..m5, a synthetic result for the pending call, the final instruction.
+	if len(req) != 8 {
+		t.Fatalf("request has %d messages", len(req))
+	}
+	if b := req[5].Content.Blocks; b[1].Type != schema.BlockText || !strings.HasPrefix(b[1].Text, "Tool: bash\nArguments: {\"cmd\":\"ls\"}") {
+		t.Fatalf("tool_use not turned into text: %+v", b)
+	}
+	if b := req[6].Content.Blocks; len(b) != 1 || b[0].Type != schema.BlockText || !strings.Contains(b[0].Text, prompts.ToolDeferred) {
+		t.Fatalf("synthetic tool result %+v", b)
+	}
+	c := plan.Finish("sum", lenCount)
+	if got := join(c.History); got != "m0 m1 m2 m3 m4 m5 S" {
+		t.Fatalf("history %q", got)
+	}
+	if got := join(EffectiveHistory(c.History)); got != "S" {
+		t.Fatalf("effective %q", got)
+	}
+	s := c.Summary
+	if s.Role != schema.RoleUser || s.TS != h[5].TS+1 || c.MessagesCondensed != 6 {
+		t.Fatalf("summary %+v condensed %d", s, c.MessagesCondensed)
+	}
+	if b := s.Content.Blocks; len(b) != 2 || !strings.Contains(b[1].Text, "<command>make test</command>") {
+		t.Fatalf("command block not carried: %+v", b)
+	}
+	if _, err := PlanCondense(c.History, &p, "in2"); schema.ReasonOf(err) != schema.ReasonCondensedRecently {
+		t.Fatalf("summary last: %v", err)
+	}
+	if _, err := PlanCondense(msgs(1), &p, "in3"); schema.ReasonOf(err) != schema.ReasonNotEnoughMessages {
+		t.Fatalf("one message: %v", err)
+	}
+	// Truncation after a fresh start works on the effective history.
+	h2 := c.History
+	for i := 6; i < 12; i++ {
+		h2 = append(h2, textMsg(i, "later"))
+	}
+	tr, ok := PlanTruncation(h2, 0.5, "t", lenCount)
+	if !ok || tr.Removed != 2 {
+		t.Fatalf("truncation after fresh start removed %d", tr.Removed)
+	}
+	if got := join(EffectiveHistory(tr.History)); got != "S T m8 m9 m10 m11" {
+		t.Fatalf("effective %q", got)
+	}
+}
+
+func TestSplitPoint(t *testing.T) {
+	u := func(n int) schema.Message {
+		return schema.Message{Turn: schema.Turn{Role: schema.RoleUser, Content: schema.TextContent(strings.Repeat("u", n))}}
+	}
+	a := func(n int) schema.Message {
+		return schema.Message{Turn: schema.Turn{Role: schema.RoleAssistant, Content: schema.TextContent(strings.Repeat("a", n))}}
+	}
+	call := schema.Message{Turn: schema.Turn{Role: schema.RoleAssistant, Content: schema.BlockContent(toolUse("x", "t", `{}`))}}
+	result := schema.Message{Turn: schema.Turn{Role: schema.RoleUser, Content: schema.BlockContent(toolResult("x", "r"))}}
+	cases := []struct {
+		name string
+		h    []schema.Message
+		want int
+	}{
+		{"even turns split at 70%", []schema.Message{u(100), a(100), u(100), a(100), u(100), a(100), u(100), a(100), u(100), a(100)}, 8},
+		{"all compressed when the last is a plain answer", []schema.Message{u(10), a(1000)}, 2},
+		{"never everything when the last is a tool call", []schema.Message{u(10), a(1000), u(10), call}, 2},
+		{"tool results are not split points", []schema.Message{u(10), call, result, a(1000), result}, 0},
+		{"empty", nil, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := SplitPoint(c.h, 0.7); got != c.want {
+				t.Fatalf("split %d, want %d", got, c.want)
+			}
+		})
+	}
+}
+
+func TestPreserveFraction(t *testing.T) {
+	h := msgs(10)
+	p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyPreserveFraction}
+	plan, err := PlanCondense(h, &p, "in")
+	mustNoErr(t, err)
+	c := plan.Finish("snapshot", lenCount)
+	split := SplitPoint(h, 0.7)
+	if split == 0 || split >= 10 {
+		t.Fatalf("split %d", split)
+	}
+	eff := EffectiveHistory(c.History)
+	if !eff[0].IsSummary || eff[0].Role != schema.RoleUser || eff[0].TS != h[split].TS-1 || len(eff) != 1+10-split {
+		t.Fatalf("effective %q", join(eff))
+	}
+	if c.MessagesCondensed != split {
+		t.Fatalf("condensed %d, split %d", c.MessagesCondensed, split)
+	}
+	if len(plan.Request.Messages) != split+1 {
+		t.Fatalf("request %d messages", len(plan.Request.Messages))
+	}
+}
+
+func TestStripImages(t *testing.T) {
+	img := schema.Block{Type: schema.BlockImage, Source: &schema.ImageSource{Type: "base64", MediaType: "image/png", Data: "AAAA"}}
+	nested := schema.BlockContent(img)
+	h := msgs(8)
+	h[2].Content = schema.BlockContent(img, schema.Block{Type: schema.BlockText, Text: "look"})
+	h[3].Content = schema.BlockContent(toolUse("i", "shot", `{}`))
+	h[4].Content = schema.BlockContent(schema.Block{Type: schema.BlockToolResult, ToolUseID: "i", Content: &nested})
+	p := schema.Profile{ID: "p", ContextWindow: 1000}
+	plan, err := PlanCondense(h, &p, "in")
+	mustNoErr(t, err)
+	for _, m := range plan.Request.Messages {
+		for _, b := range m.Content.Blocks {
+			if b.Type == schema.BlockImage {
+				t.Fatal("image left in the request")
+			}
+			if b.Content != nil && b.Content.HasBlock(schema.BlockImage) {
+				t.Fatal("image left inside a tool result")
+			}
+		}
+	}
+	if h[2].Content.Blocks[0].Type != schema.BlockImage {
+		t.Fatal("the stored message must keep its image")
+	}
+}

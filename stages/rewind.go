@@ -1,0 +1,131 @@
+package stages
+
+import (
+	"sort"
+
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// Rewound is a planned rewind.
+type Rewound struct {
+	Changes              schema.Changes
+	History              []schema.Message
+	CutoffTS             int64 // the cutoff actually applied to messages
+	RemovedCondenseIDs   []string
+	RemovedTruncationIDs []string
+	MessagesRemoved      int // agent messages deleted (summaries and markers not counted)
+	MessagesRestored     int // hidden messages that are effective again
+}
+
+// PlanRewind is Roo's MessageManager.rewindToTimestamp over our history and
+// its condense/truncation events:
+//
+//  1. The condense and truncation events at or after the cutoff are undone:
+//     their summaries and markers are removed even when those sit before the
+//     cutoff. An event carries the ts of the input that caused it and happened
+//     after that input was stored, so keeping the target (includeTarget) still
+//     undoes what the target caused.
+//  2. Messages from the cutoff on are removed; includeTarget keeps the
+//     message whose ts is the cutoff. If no message has exactly the cutoff ts
+//     but some are older, the cutoff moves to the first user message at or
+//     after it (a tool's result can be stamped before the assistant message
+//     that called it is stored).
+//  3. Tags that name a removed summary or marker are cleared, so every
+//     message they hid is restored exactly.
+//
+// It reports ok=false when the cutoff is after everything: nothing to rewind.
+func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff int64, includeTarget bool) (Rewound, bool) {
+	summaries, markers := liveIDs(msgs)
+	removedC, removedT := map[string]bool{}, map[string]bool{}
+	for _, ev := range events {
+		if ev.TS < cutoff {
+			continue
+		}
+		switch {
+		case ev.Type == schema.EventCondenseContext && summaries[ev.ID]:
+			removedC[ev.ID] = true
+		case ev.Type == schema.EventSlidingWindowTruncation && markers[ev.ID]:
+			removedT[ev.ID] = true
+		}
+	}
+	exact, older := false, false
+	for i := range msgs {
+		exact = exact || msgs[i].TS == cutoff
+		older = older || msgs[i].TS < cutoff
+	}
+	actual := cutoff
+	if !exact && older {
+		for i := range msgs {
+			if msgs[i].TS >= cutoff && msgs[i].Role == schema.RoleUser {
+				actual = msgs[i].TS
+				break
+			}
+		}
+	}
+	keepTS := func(ts int64) bool {
+		return ts < actual || (includeTarget && exact && ts == cutoff)
+	}
+	drops := 0
+	for i := range msgs {
+		if !keepTS(msgs[i].TS) {
+			drops++
+		}
+	}
+	if drops == 0 && len(removedC) == 0 && len(removedT) == 0 {
+		return Rewound{}, false
+	}
+
+	before := idSet(EffectiveHistory(msgs))
+	ed := newEditor(msgs)
+	removed := 0
+	ed.deleteWhere(func(m *schema.Message) bool {
+		drop := !keepTS(m.TS) ||
+			(m.IsSummary && removedC[m.CondenseID]) ||
+			(m.IsTruncationMarker && removedT[m.TruncationID])
+		if drop && !m.Synthetic() {
+			removed++
+		}
+		return drop
+	})
+	if clear := Cleanup(ed.msgs); len(clear) > 0 {
+		at := make(map[string]int, len(ed.msgs))
+		for i := range ed.msgs {
+			at[ed.msgs[i].ID] = i
+		}
+		for _, t := range clear {
+			ed.tagAt(at[t.MessageID], t.Field, "")
+		}
+	}
+	restored := 0
+	for _, m := range EffectiveHistory(ed.msgs) {
+		if !before[m.ID] && !m.Synthetic() {
+			restored++
+		}
+	}
+	return Rewound{
+		Changes:              ed.changes(),
+		History:              ed.msgs,
+		CutoffTS:             actual,
+		RemovedCondenseIDs:   sortedKeys(removedC),
+		RemovedTruncationIDs: sortedKeys(removedT),
+		MessagesRemoved:      removed,
+		MessagesRestored:     restored,
+	}, true
+}
+
+func idSet(msgs []schema.Message) map[string]bool {
+	s := make(map[string]bool, len(msgs))
+	for i := range msgs {
+		s[msgs[i].ID] = true
+	}
+	return s
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

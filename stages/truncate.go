@@ -1,0 +1,94 @@
+package stages
+
+import (
+	"fmt"
+
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// TruncateFraction of the visible history is hidden by one truncation.
+const TruncateFraction = 0.5
+
+// TruncationMarkerText is the marker's content for n hidden messages.
+func TruncationMarkerText(n int) string {
+	return fmt.Sprintf("[Sliding window truncation: %d messages hidden to reduce context]", n)
+}
+
+// Truncation is a planned sliding-window truncation.
+type Truncation struct {
+	TruncationID string
+	Removed      int // messages hidden (markers not included)
+	Changes      schema.Changes
+	History      []schema.Message // the full history after the truncation
+}
+
+// PlanTruncation is Roo's sliding window over the effective history: of the
+// visible messages (effective, markers excluded) it hides
+// floor((n−1) × frac) rounded down to an even number, starting after the
+// first, and inserts a marker before the first kept message with
+// ts = first kept ts − 1. Older markers in the hidden range are hidden by the
+// new one, so markers do not pile up in the effective history (a rewind of
+// the new truncation brings them back). It returns ok=false when it would
+// hide nothing: a truncation never hides zero messages.
+func PlanTruncation(msgs []schema.Message, frac float64, truncID string, count func(schema.Content) int) (Truncation, bool) {
+	eff := EffectiveHistory(msgs)
+	visible := make([]string, 0, len(eff))
+	for i := range eff {
+		if !eff[i].IsTruncationMarker {
+			visible = append(visible, eff[i].ID)
+		}
+	}
+	if len(visible) < 2 {
+		return Truncation{}, false
+	}
+	n := int(float64(len(visible)-1) * frac)
+	n -= n % 2
+	if n <= 0 {
+		return Truncation{}, false
+	}
+	hide := make(map[string]bool, n)
+	for _, id := range visible[1 : n+1] {
+		hide[id] = true
+	}
+	firstKept := visible[n+1]
+	first := visible[0]
+	effIDs := make(map[string]bool, len(eff))
+	for i := range eff {
+		effIDs[eff[i].ID] = true
+	}
+
+	ed := newEditor(msgs)
+	keptAt, seenFirst := -1, false
+	for i := range ed.msgs {
+		m := &ed.msgs[i]
+		switch {
+		case m.ID == firstKept:
+			keptAt = i
+		case m.ID == first:
+			seenFirst = true
+		case hide[m.ID]:
+			ed.tagAt(i, schema.TagTruncationParent, truncID)
+		case seenFirst && keptAt < 0 && m.IsTruncationMarker && effIDs[m.ID]:
+			ed.tagAt(i, schema.TagTruncationParent, truncID)
+		}
+		if keptAt >= 0 {
+			break
+		}
+	}
+	text := schema.TextContent(TruncationMarkerText(n))
+	marker := schema.Message{
+		Turn: schema.Turn{
+			ID:             DeriveID(truncID, "marker"),
+			ConversationID: ed.msgs[keptAt].ConversationID,
+			ProfileID:      ed.msgs[keptAt].ProfileID,
+			TS:             ed.msgs[keptAt].TS - 1,
+			Role:           schema.RoleUser,
+			Content:        text,
+		},
+		IsTruncationMarker: true,
+		TruncationID:       truncID,
+		Tokens:             count(text),
+	}
+	ed.insertAt(keptAt, marker)
+	return Truncation{TruncationID: truncID, Removed: n, Changes: ed.changes(), History: ed.msgs}, true
+}
