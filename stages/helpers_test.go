@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -93,6 +94,7 @@ func boolp(v bool) *bool { return &v }
 // build conversations of a known size quickly.
 func charEngine(s Summarizer) *Engine {
 	e := NewEngine(s)
+	e.Log = slog.New(slog.DiscardHandler)
 	e.Counter = func(p *schema.Profile) (tokens.Counter, error) {
 		return tokens.Counter{Text: tokens.Chars{}, Fudge: 1}, nil
 	}
