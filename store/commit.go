@@ -1,0 +1,418 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// Status is what became of an input.
+type Status string
+
+// The two input statuses.
+const (
+	StatusApplied  Status = "applied"
+	StatusRejected Status = "rejected"
+)
+
+// InputRecord is the inputs row of one input: the payload exactly as
+// received, kept forever (a rewind deletes messages, never inputs).
+type InputRecord struct {
+	// ID is the idempotency key. It must not be empty: for a payload whose id
+	// cannot be read, the caller picks a stable substitute (for example one
+	// derived from the JetStream stream sequence).
+	ID string
+	// ConversationID may be empty only for a rejected input whose subject
+	// named no usable conversation.
+	ConversationID string
+	Kind           string // the subject's last token; free text for rejected inputs
+	Subject        string
+	TS             int64
+	Payload        []byte
+	Status         Status
+	Reason         string // the rejection reason code; empty when applied
+}
+
+// Entry is one input and what it does. Changes may be nil (the input is only
+// recorded). A rejection usually carries Changes with just its input_rejected
+// event: Changes.State is written only when State.ConversationID is set, so a
+// rejection never clobbers the conversation's state.
+type Entry struct {
+	Input   InputRecord
+	Changes *schema.Changes
+}
+
+// Result is the outcome of one Entry of a committed batch.
+type Result struct {
+	InputID string
+	// Duplicate is true when the input id was already stored (by an earlier
+	// batch or earlier in this one): its Changes were skipped, and the caller
+	// should simply ack it.
+	Duplicate bool
+}
+
+// EntryError says which entry of a batch made Commit fail. The whole batch
+// was rolled back; the caller may retry the other entries without it.
+type EntryError struct {
+	Index   int
+	InputID string
+	Err     error
+}
+
+func (e *EntryError) Error() string {
+	return fmt.Sprintf("entry %d (input %s): %v", e.Index, e.InputID, e.Err)
+}
+
+func (e *EntryError) Unwrap() error { return e.Err }
+
+// encoded is an Entry with every JSON body made before the transaction
+// starts, so the write lock is held only for SQL.
+type encoded struct {
+	in      InputRecord
+	ch      *schema.Changes
+	conv    string
+	msgs    []encodedMessage
+	events  []encodedEvent
+	state   []byte // nil: leave the conversation's state alone
+	deletes []string
+}
+
+type encodedMessage struct {
+	m      schema.Message
+	before string
+	body   []byte
+}
+
+type encodedEvent struct {
+	h       *schema.EventHeader
+	ref     string
+	subject string
+	body    []byte
+}
+
+// Commit applies a batch of entries, in order, in one transaction: either
+// all of it is stored or none of it. For each entry it inserts the input row;
+// an id already present makes the entry a Duplicate and its Changes are
+// skipped. Otherwise it applies, in this order, the insertions (in list
+// order, each placed before its Before message or appended), the tag changes,
+// the deletes, the state (when Changes.State.ConversationID is set) and the
+// events with their outbox rows (an event id already stored is skipped).
+//
+// Every change applies to the entry's Input.ConversationID. A Before or a tag
+// change naming a message that does not exist is an error (an *EntryError);
+// deleting a message that does not exist is not (the goal is reached).
+// IsTransient tells whether a failure is worth retrying unchanged.
+func (s *Store) Commit(ctx context.Context, batch []Entry) ([]Result, error) {
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	if len(batch) == 0 {
+		return nil, nil
+	}
+	enc := make([]encoded, len(batch))
+	for i, e := range batch {
+		x, err := encodeEntry(e)
+		if err != nil {
+			return nil, fmt.Errorf("commit: %w", &EntryError{Index: i, InputID: e.Input.ID, Err: err})
+		}
+		enc[i] = x
+	}
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("commit: begin: %w", err)
+	}
+	defer tx.Rollback() // a no-op after Commit
+	c := &committer{tx: tx, now: s.now().UnixMilli(), stmts: map[string]*sql.Stmt{}}
+	results := make([]Result, len(enc))
+	for i := range enc {
+		dup, err := c.apply(ctx, &enc[i])
+		if err != nil {
+			return nil, fmt.Errorf("commit: %w", &EntryError{Index: i, InputID: enc[i].in.ID, Err: err})
+		}
+		results[i] = Result{InputID: enc[i].in.ID, Duplicate: dup}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	return results, nil
+}
+
+func encodeEntry(e Entry) (encoded, error) {
+	in := e.Input
+	x := encoded{in: in, ch: e.Changes, conv: in.ConversationID}
+	if in.ID == "" {
+		return x, errors.New("input id is empty")
+	}
+	switch in.Status {
+	case StatusApplied, StatusRejected:
+	default:
+		return x, fmt.Errorf("input status %q is neither %q nor %q", in.Status, StatusApplied, StatusRejected)
+	}
+	ch := e.Changes
+	if ch == nil {
+		return x, nil
+	}
+	if x.conv == "" && (len(ch.Insert) > 0 || len(ch.Tags) > 0 || len(ch.Delete) > 0 || ch.State.ConversationID != "") {
+		return x, errors.New("changes to messages or state need the input's conversation id")
+	}
+	for _, ins := range ch.Insert {
+		m := ins.Message
+		if m.ID == "" {
+			return x, errors.New("inserted message has no id")
+		}
+		if m.ConversationID == "" {
+			m.ConversationID = x.conv
+		} else if m.ConversationID != x.conv {
+			return x, fmt.Errorf("message %s names conversation %q, input is for %q", m.ID, m.ConversationID, x.conv)
+		}
+		// The parent tags change after insertion and live only in their
+		// columns; reads put them back.
+		b := m
+		b.CondenseParent, b.TruncationParent = "", ""
+		body, err := schema.Marshal(&b)
+		if err != nil {
+			return x, fmt.Errorf("encode message %s: %w", m.ID, err)
+		}
+		x.msgs = append(x.msgs, encodedMessage{m: m, before: ins.Before, body: body})
+	}
+	for _, t := range ch.Tags {
+		if _, err := tagColumn(t.Field); err != nil {
+			return x, err
+		}
+	}
+	x.deletes = ch.Delete
+	if ch.State.ConversationID != "" {
+		if ch.State.ConversationID != x.conv {
+			return x, fmt.Errorf("state names conversation %q, input is for %q", ch.State.ConversationID, x.conv)
+		}
+		st, err := schema.Marshal(&ch.State)
+		if err != nil {
+			return x, fmt.Errorf("encode state: %w", err)
+		}
+		x.state = st
+	}
+	for _, ev := range ch.Events {
+		if ev == nil {
+			return x, errors.New("nil event")
+		}
+		h := ev.Header()
+		if h.ID == "" || h.Type == "" {
+			return x, fmt.Errorf("event %q of type %q needs an id and a type", h.ID, h.Type)
+		}
+		// An invalid subject token would make the relay fail on this row
+		// forever and hold every later event back.
+		if !schema.ValidConversationID(h.ConversationID) {
+			return x, fmt.Errorf("event %s: conversation id %q is not a valid subject token", h.ID, h.ConversationID)
+		}
+		body, err := schema.Marshal(ev)
+		if err != nil {
+			return x, fmt.Errorf("encode event %s: %w", h.ID, err)
+		}
+		x.events = append(x.events, encodedEvent{h: h, ref: eventRef(ev), subject: schema.EventSubject(ev), body: body})
+	}
+	return x, nil
+}
+
+// eventRef is the summary or marker id that a condense or truncation event
+// names, so a rewind can find it without decoding bodies.
+func eventRef(e schema.Event) string {
+	switch v := e.(type) {
+	case *schema.CondenseContext:
+		return v.CondenseID
+	case *schema.SlidingWindowTruncation:
+		return v.TruncationID
+	}
+	return ""
+}
+
+func tagColumn(f schema.TagField) (string, error) {
+	switch f {
+	case schema.TagCondenseParent:
+		return "condense_parent", nil
+	case schema.TagTruncationParent:
+		return "truncation_parent", nil
+	}
+	return "", fmt.Errorf("unknown tag field %q", f)
+}
+
+// committer runs the statements of one Commit transaction, preparing each
+// distinct statement once per transaction.
+type committer struct {
+	tx    *sql.Tx
+	now   int64
+	stmts map[string]*sql.Stmt
+}
+
+func (c *committer) stmt(ctx context.Context, q string) (*sql.Stmt, error) {
+	if st, ok := c.stmts[q]; ok {
+		return st, nil
+	}
+	st, err := c.tx.PrepareContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	c.stmts[q] = st
+	return st, nil
+}
+
+func (c *committer) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	st, err := c.stmt(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return st.ExecContext(ctx, args...)
+}
+
+func (c *committer) queryRow(ctx context.Context, q string, args ...any) (*sql.Row, error) {
+	st, err := c.stmt(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryRowContext(ctx, args...), nil
+}
+
+const (
+	qInsertInput = `INSERT INTO inputs (id, conversation_id, kind, subject, ts, payload, status, reason, received_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`
+	qInsertMessage = `INSERT INTO messages (conversation_id, id, pos, ts, role, is_summary, condense_id, condense_parent,
+		is_truncation_marker, truncation_id, truncation_parent, tokens, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	qLastPos   = `SELECT COALESCE(MAX(pos), 0) FROM messages WHERE conversation_id = ?`
+	qPosOf     = `SELECT pos FROM messages WHERE conversation_id = ? AND id = ?`
+	qPrevPos   = `SELECT MAX(pos) FROM messages WHERE conversation_id = ? AND pos < ?`
+	qRenumber  = `UPDATE messages SET pos = r.n FROM (SELECT id, ROW_NUMBER() OVER (ORDER BY pos) AS n FROM messages WHERE conversation_id = ?1) AS r WHERE messages.conversation_id = ?1 AND messages.id = r.id`
+	qDelete    = `DELETE FROM messages WHERE conversation_id = ? AND id = ?`
+	qPutState  = `INSERT INTO conversations (id, state, updated_at) VALUES (?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at`
+	qPutEvent  = `INSERT INTO events (id, conversation_id, type, ts, input_id, ref_id, body) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`
+	qPutOutbox = `INSERT INTO outbox (event_id, subject, data) VALUES (?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
+)
+
+// apply runs one entry inside the batch transaction and reports whether it
+// was a duplicate.
+func (c *committer) apply(ctx context.Context, x *encoded) (bool, error) {
+	in := x.in
+	res, err := c.exec(ctx, qInsertInput, in.ID, in.ConversationID, in.Kind, in.Subject, in.TS, in.Payload,
+		string(in.Status), in.Reason, c.now)
+	if err != nil {
+		return false, fmt.Errorf("insert input: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return false, fmt.Errorf("insert input: %w", err)
+	} else if n == 0 {
+		return true, nil
+	}
+	if x.ch == nil {
+		return false, nil
+	}
+	for _, em := range x.msgs {
+		if err := c.insertMessage(ctx, x.conv, em); err != nil {
+			return false, err
+		}
+	}
+	for _, t := range x.ch.Tags {
+		col, _ := tagColumn(t.Field) // checked by encodeEntry
+		res, err := c.exec(ctx, "UPDATE messages SET "+col+" = ? WHERE conversation_id = ? AND id = ?", t.Value, x.conv, t.MessageID)
+		if err != nil {
+			return false, fmt.Errorf("set %s on %s: %w", col, t.MessageID, err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return false, fmt.Errorf("set %s on %s: %w", col, t.MessageID, err)
+		} else if n == 0 {
+			return false, fmt.Errorf("set %s: message %s not found in conversation %s", col, t.MessageID, x.conv)
+		}
+	}
+	for _, id := range x.deletes {
+		if _, err := c.exec(ctx, qDelete, x.conv, id); err != nil {
+			return false, fmt.Errorf("delete message %s: %w", id, err)
+		}
+	}
+	if x.state != nil {
+		if _, err := c.exec(ctx, qPutState, x.conv, x.state, c.now); err != nil {
+			return false, fmt.Errorf("put state: %w", err)
+		}
+	}
+	for _, ev := range x.events {
+		h := ev.h
+		res, err := c.exec(ctx, qPutEvent, h.ID, h.ConversationID, string(h.Type), h.TS, h.InputID, ev.ref, ev.body)
+		if err != nil {
+			return false, fmt.Errorf("insert event %s: %w", h.ID, err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return false, fmt.Errorf("insert event %s: %w", h.ID, err)
+		} else if n == 0 {
+			continue // already stored, and so already in the outbox
+		}
+		if _, err := c.exec(ctx, qPutOutbox, h.ID, ev.subject, ev.body); err != nil {
+			return false, fmt.Errorf("outbox event %s: %w", h.ID, err)
+		}
+	}
+	return false, nil
+}
+
+func (c *committer) insertMessage(ctx context.Context, conv string, em encodedMessage) error {
+	pos, err := c.position(ctx, conv, em.before)
+	if err != nil {
+		return fmt.Errorf("insert message %s: %w", em.m.ID, err)
+	}
+	m := em.m
+	if _, err := c.exec(ctx, qInsertMessage, conv, m.ID, pos, m.TS, string(m.Role), m.IsSummary, m.CondenseID,
+		m.CondenseParent, m.IsTruncationMarker, m.TruncationID, m.TruncationParent, m.Tokens, em.body); err != nil {
+		return fmt.Errorf("insert message %s: %w", m.ID, err)
+	}
+	return nil
+}
+
+// position picks the pos of a new message: after the last one when before is
+// empty, else halfway between the message named before and its predecessor,
+// so several messages inserted before the same one keep the order they were
+// inserted in. When halving runs out of float precision the conversation is
+// renumbered 1..n (same order) and the midpoint taken again.
+func (c *committer) position(ctx context.Context, conv, before string) (float64, error) {
+	if before == "" {
+		var last float64
+		row, err := c.queryRow(ctx, qLastPos, conv)
+		if err == nil {
+			err = row.Scan(&last)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("last position: %w", err)
+		}
+		return last + 1, nil
+	}
+	for attempt := 0; ; attempt++ {
+		var next float64
+		row, err := c.queryRow(ctx, qPosOf, conv, before)
+		if err == nil {
+			err = row.Scan(&next)
+		}
+		if errors.Is(err, sql.ErrNoRows) {
+			return 0, fmt.Errorf("before: message %s not found in conversation %s", before, conv)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("position of %s: %w", before, err)
+		}
+		var prev sql.NullFloat64
+		row, err = c.queryRow(ctx, qPrevPos, conv, next)
+		if err == nil {
+			err = row.Scan(&prev)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("position before %s: %w", before, err)
+		}
+		lo := next - 1
+		if prev.Valid {
+			lo = prev.Float64
+		}
+		if mid := lo + (next-lo)/2; mid > lo && mid < next {
+			return mid, nil
+		}
+		if attempt > 0 {
+			return 0, fmt.Errorf("no room before %s at position %v", before, next)
+		}
+		if _, err := c.exec(ctx, qRenumber, conv); err != nil {
+			return 0, fmt.Errorf("renumber positions: %w", err)
+		}
+	}
+}

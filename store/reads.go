@@ -1,0 +1,212 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// All reads use the read-only pool. They still see every batch whose Commit
+// has returned: a WAL reader takes its snapshot when its transaction starts,
+// so the pipeline's lane gets read-your-writes without touching the writer.
+
+// querier is what both *sql.DB and *sql.Tx offer.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Snapshot is one conversation read in a single read transaction.
+type Snapshot struct {
+	State         schema.ConversationState
+	Found         bool // the conversation has a stored state
+	Messages      []schema.Message
+	ContextEvents []schema.ContextEventRef
+}
+
+// Load reads a conversation's state, full history and context events from one
+// consistent snapshot.
+func (s *Store) Load(ctx context.Context, conv string) (Snapshot, error) {
+	var snap Snapshot
+	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return snap, fmt.Errorf("load %s: %w", conv, err)
+	}
+	defer tx.Rollback()
+	if snap.State, snap.Found, err = state(ctx, tx, conv); err != nil {
+		return snap, err
+	}
+	if snap.Messages, err = messages(ctx, tx, conv); err != nil {
+		return snap, err
+	}
+	if snap.ContextEvents, err = contextEvents(ctx, tx, conv); err != nil {
+		return snap, err
+	}
+	return snap, nil
+}
+
+// State returns a conversation's state; found is false when none is stored.
+func (s *Store) State(ctx context.Context, conv string) (schema.ConversationState, bool, error) {
+	return state(ctx, s.r, conv)
+}
+
+func state(ctx context.Context, q querier, conv string) (schema.ConversationState, bool, error) {
+	var st schema.ConversationState
+	var raw []byte
+	err := q.QueryRowContext(ctx, "SELECT state FROM conversations WHERE id = ?", conv).Scan(&raw)
+	if errors.Is(err, sql.ErrNoRows) {
+		return st, false, nil
+	}
+	if err != nil {
+		return st, false, fmt.Errorf("state of %s: %w", conv, err)
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return st, false, fmt.Errorf("state of %s: decode: %w", conv, err)
+	}
+	return st, true, nil
+}
+
+// Messages returns a conversation's full history, hidden messages included,
+// in position order, with every tag set.
+func (s *Store) Messages(ctx context.Context, conv string) ([]schema.Message, error) {
+	return messages(ctx, s.r, conv)
+}
+
+func messages(ctx context.Context, q querier, conv string) ([]schema.Message, error) {
+	rows, err := q.QueryContext(ctx, `SELECT id, is_summary, condense_id, condense_parent, is_truncation_marker,
+		truncation_id, truncation_parent, tokens, body FROM messages WHERE conversation_id = ? ORDER BY pos`, conv)
+	if err != nil {
+		return nil, fmt.Errorf("messages of %s: %w", conv, err)
+	}
+	defer rows.Close()
+	var out []schema.Message
+	for rows.Next() {
+		var (
+			id   string
+			body []byte
+			t    schema.Message
+		)
+		if err := rows.Scan(&id, &t.IsSummary, &t.CondenseID, &t.CondenseParent, &t.IsTruncationMarker,
+			&t.TruncationID, &t.TruncationParent, &t.Tokens, &body); err != nil {
+			return nil, fmt.Errorf("messages of %s: %w", conv, err)
+		}
+		var m schema.Message
+		if err := json.Unmarshal(body, &m); err != nil {
+			return nil, fmt.Errorf("messages of %s: decode %s: %w", conv, id, err)
+		}
+		// The columns are the truth for the tags.
+		m.IsSummary, m.CondenseID, m.CondenseParent = t.IsSummary, t.CondenseID, t.CondenseParent
+		m.IsTruncationMarker, m.TruncationID, m.TruncationParent = t.IsTruncationMarker, t.TruncationID, t.TruncationParent
+		m.Tokens = t.Tokens
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("messages of %s: %w", conv, err)
+	}
+	return out, nil
+}
+
+// ContextEvents returns the conversation's condense_context and
+// sliding_window_truncation events as references, in ts order (commit order
+// among equal ts).
+func (s *Store) ContextEvents(ctx context.Context, conv string) ([]schema.ContextEventRef, error) {
+	return contextEvents(ctx, s.r, conv)
+}
+
+func contextEvents(ctx context.Context, q querier, conv string) ([]schema.ContextEventRef, error) {
+	rows, err := q.QueryContext(ctx, `SELECT type, ref_id, ts FROM events WHERE conversation_id = ? AND type IN (?, ?)
+		ORDER BY ts, rowid`, conv, string(schema.EventCondenseContext), string(schema.EventSlidingWindowTruncation))
+	if err != nil {
+		return nil, fmt.Errorf("context events of %s: %w", conv, err)
+	}
+	defer rows.Close()
+	var out []schema.ContextEventRef
+	for rows.Next() {
+		var r schema.ContextEventRef
+		var typ string
+		if err := rows.Scan(&typ, &r.ID, &r.TS); err != nil {
+			return nil, fmt.Errorf("context events of %s: %w", conv, err)
+		}
+		r.Type = schema.EventType(typ)
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("context events of %s: %w", conv, err)
+	}
+	return out, nil
+}
+
+// Events returns every event of a conversation in commit order.
+func (s *Store) Events(ctx context.Context, conv string) ([]schema.Event, error) {
+	rows, err := s.r.QueryContext(ctx, "SELECT id, body FROM events WHERE conversation_id = ? ORDER BY rowid", conv)
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", conv, err)
+	}
+	defer rows.Close()
+	var out []schema.Event
+	for rows.Next() {
+		var id string
+		var body []byte
+		if err := rows.Scan(&id, &body); err != nil {
+			return nil, fmt.Errorf("events of %s: %w", conv, err)
+		}
+		e, err := schema.DecodeEvent(body)
+		if err != nil {
+			return nil, fmt.Errorf("events of %s: event %s: %w", conv, id, err)
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("events of %s: %w", conv, err)
+	}
+	return out, nil
+}
+
+// InputStatus tells whether input id was stored and how it ended. It backs
+// ctx.q.history's wait_for.
+func (s *Store) InputStatus(ctx context.Context, id string) (status Status, reason string, found bool, err error) {
+	var st string
+	err = s.r.QueryRowContext(ctx, "SELECT status, reason FROM inputs WHERE id = ?", id).Scan(&st, &reason)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", "", false, nil
+	}
+	if err != nil {
+		return "", "", false, fmt.Errorf("input status %s: %w", id, err)
+	}
+	return Status(st), reason, true, nil
+}
+
+// Conversations lists the ids of the conversations that have a stored state,
+// in id order.
+func (s *Store) Conversations(ctx context.Context) ([]string, error) {
+	rows, err := s.r.QueryContext(ctx, "SELECT id FROM conversations ORDER BY id")
+	if err != nil {
+		return nil, fmt.Errorf("conversations: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("conversations: %w", err)
+		}
+		out = append(out, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("conversations: %w", err)
+	}
+	return out, nil
+}
+
+// ConversationCount is the number of conversations with a stored state.
+func (s *Store) ConversationCount(ctx context.Context) (int, error) {
+	var n int
+	if err := s.r.QueryRowContext(ctx, "SELECT COUNT(*) FROM conversations").Scan(&n); err != nil {
+		return 0, fmt.Errorf("conversation count: %w", err)
+	}
+	return n, nil
+}

@@ -1,0 +1,270 @@
+// Package store keeps ctxpipe's state in one SQLite file: every input ever
+// accepted, each conversation's full message history and small state, every
+// event, and the outbox that a Relay publishes to CTX_EVENTS.
+//
+// Writes go through one connection (SQLite has one writer anyway; queueing in
+// Go is cheaper than SQLITE_BUSY retries) and commit the changes of many
+// inputs in one transaction with synchronous=FULL, so an acked input survives
+// power loss at the cost of one fsync per batch. Reads use a separate
+// read-only pool: in WAL mode readers never wait behind a writer.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	sqlite3 "github.com/mattn/go-sqlite3"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// ErrClosed is returned by a Relay whose store was closed under it.
+var ErrClosed = errors.New("store: closed")
+
+// Store is an open ctxpipe database. Its methods are safe for concurrent use.
+type Store struct {
+	path   string
+	w      *sql.DB // the single writer connection
+	r      *sql.DB // read-only pool
+	now    func() time.Time
+	closed atomic.Bool
+}
+
+type config struct {
+	busyTimeout time.Duration
+	readers     int
+	now         func() time.Time
+}
+
+// Option changes how Open sets up a Store.
+type Option func(*config)
+
+// WithBusyTimeout sets how long a connection waits on a lock held by another
+// process before SQLITE_BUSY (default 5s). Inside one process the writer is a
+// single connection, so this mostly matters for outside tools reading the file.
+func WithBusyTimeout(d time.Duration) Option { return func(c *config) { c.busyTimeout = d } }
+
+// WithReaders sets the size of the read-only pool (default 4).
+func WithReaders(n int) Option {
+	return func(c *config) {
+		if n > 0 {
+			c.readers = n
+		}
+	}
+}
+
+// WithClock sets the clock used for received_at, updated_at and published_at
+// (default time.Now).
+func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
+
+// Open opens (creating if needed) the database at path, with its parent
+// directories, and applies any migrations it has not seen yet.
+func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
+	cfg := config{busyTimeout: 5 * time.Second, readers: 4, now: time.Now}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if path == "" {
+		return nil, errors.New("open store: empty path")
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(abs), 0o755); err != nil {
+		return nil, fmt.Errorf("open store: create directory: %w", err)
+	}
+	busy := strconv.FormatInt(cfg.busyTimeout.Milliseconds(), 10)
+	// _txlock=immediate: every write transaction takes the write lock at
+	// BEGIN, so it can never fail later on a read-to-write upgrade.
+	w, err := sql.Open("sqlite3", dsn(abs, "_journal_mode=WAL&_synchronous=FULL&_foreign_keys=on&_txlock=immediate&_busy_timeout="+busy))
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", abs, err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	w.SetConnMaxIdleTime(0)
+	s := &Store{path: abs, w: w, now: cfg.now}
+	if err := s.checkWriter(ctx); err != nil {
+		w.Close()
+		return nil, err
+	}
+	if err := s.migrate(ctx); err != nil {
+		w.Close()
+		return nil, err
+	}
+	// The reader opens after the writer has created the file and switched it
+	// to WAL: mode=ro cannot create either.
+	r, err := sql.Open("sqlite3", dsn(abs, "mode=ro&_foreign_keys=on&_busy_timeout="+busy))
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open store %s: read pool: %w", abs, err)
+	}
+	r.SetMaxOpenConns(cfg.readers)
+	r.SetMaxIdleConns(cfg.readers)
+	if err := r.PingContext(ctx); err != nil {
+		w.Close()
+		r.Close()
+		return nil, fmt.Errorf("open store %s: read pool: %w", abs, err)
+	}
+	s.r = r
+	return s, nil
+}
+
+// dsn builds a file: URI; the characters that URIs give a meaning to are
+// escaped so any path works.
+func dsn(path, params string) string {
+	esc := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")
+	return "file:" + esc.Replace(path) + "?" + params
+}
+
+// checkWriter verifies that the pragmas the durability promise rests on are
+// really in force (a DSN typo would silently drop them).
+func (s *Store) checkWriter(ctx context.Context) error {
+	var mode string
+	if err := s.w.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+		return fmt.Errorf("open store %s: %w", s.path, err)
+	}
+	if !strings.EqualFold(mode, "wal") {
+		return fmt.Errorf("open store %s: journal_mode is %q, want wal", s.path, mode)
+	}
+	var syncMode int
+	if err := s.w.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&syncMode); err != nil {
+		return fmt.Errorf("open store %s: %w", s.path, err)
+	}
+	if syncMode != 2 { // FULL
+		return fmt.Errorf("open store %s: synchronous is %d, want 2 (FULL)", s.path, syncMode)
+	}
+	return nil
+}
+
+// Path is the absolute path of the database file.
+func (s *Store) Path() string { return s.path }
+
+// Close closes both pools. Committed data is durable before Commit returns;
+// Close only releases the files.
+func (s *Store) Close() error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	var errs []error
+	if s.r != nil {
+		errs = append(errs, s.r.Close())
+	}
+	errs = append(errs, s.w.Close())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("close store %s: %w", s.path, err)
+	}
+	return nil
+}
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// migrations lists the embedded files NNNN_name.sql in version order.
+func migrations() ([]migration, error) {
+	names, err := fs.Glob(migrationFiles, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, n := range names {
+		base := filepath.Base(n)
+		num, _, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v <= 0 {
+			return nil, fmt.Errorf("migration %s: name must start with a positive version and '_'", base)
+		}
+		b, err := migrationFiles.ReadFile(n)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, migration{version: v, name: strings.TrimSuffix(base, ".sql"), sql: string(b)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	for i := 1; i < len(ms); i++ {
+		if ms[i].version == ms[i-1].version {
+			return nil, fmt.Errorf("migrations %s and %s share version %d", ms[i-1].name, ms[i].name, ms[i].version)
+		}
+	}
+	return ms, nil
+}
+
+// migrate applies, each in its own transaction, the migrations whose version
+// is not in schema_version yet. Running it again is a no-op.
+func (s *Store) migrate(ctx context.Context) error {
+	ms, err := migrations()
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", s.path, err)
+	}
+	if _, err := s.w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (
+		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`); err != nil {
+		return fmt.Errorf("migrate %s: create schema_version: %w", s.path, err)
+	}
+	var have int
+	if err := s.w.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM schema_version").Scan(&have); err != nil {
+		return fmt.Errorf("migrate %s: %w", s.path, err)
+	}
+	if len(ms) > 0 && have > ms[len(ms)-1].version {
+		return fmt.Errorf("migrate %s: database is at version %d, newer than this binary (%d)", s.path, have, ms[len(ms)-1].version)
+	}
+	for _, m := range ms {
+		if m.version <= have {
+			continue
+		}
+		tx, err := s.w.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("migrate %s: %s: %w", s.path, m.name, err)
+		}
+		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migrate %s: %s: %w", s.path, m.name, err)
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)",
+			m.version, m.name, s.now().UnixMilli()); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migrate %s: %s: %w", s.path, m.name, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("migrate %s: %s: %w", s.path, m.name, err)
+		}
+	}
+	return nil
+}
+
+// SchemaVersion is the highest migration applied to the database.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v int
+	if err := s.r.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM schema_version").Scan(&v); err != nil {
+		return 0, fmt.Errorf("schema version: %w", err)
+	}
+	return v, nil
+}
+
+// IsTransient reports whether err is worth retrying unchanged: SQLite said the
+// database was busy or locked (another process holds it). Every other error,
+// such as a constraint violation or a Changes that names a missing message,
+// will fail the same way again.
+func IsTransient(err error) bool {
+	var se sqlite3.Error
+	if errors.As(err, &se) {
+		return se.Code == sqlite3.ErrBusy || se.Code == sqlite3.ErrLocked
+	}
+	return false
+}
