@@ -1,0 +1,214 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/internal/natstest"
+)
+
+func newJS(t *testing.T) (jetstream.JetStream, string) {
+	t.Helper()
+	_, url := natstest.Run(t)
+	js, err := jetstream.New(natstest.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, url
+}
+
+func TestEnsureStreams(t *testing.T) {
+	js, _ := newJS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := EnsureStreams(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	// A second call with another limit updates in place.
+	if err := EnsureStreams(ctx, js, WithMaxAge(48*time.Hour)); err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	tests := []struct {
+		name    string
+		subject string
+	}{
+		{StreamIn, "ctx.in.>"},
+		{StreamEvents, "ctx.events.>"},
+	}
+	for _, tt := range tests {
+		s, err := js.Stream(ctx, tt.name)
+		if err != nil {
+			t.Fatalf("stream %s: %v", tt.name, err)
+		}
+		cfg := s.CachedInfo().Config
+		if len(cfg.Subjects) != 1 || cfg.Subjects[0] != tt.subject {
+			t.Errorf("%s subjects = %v, want [%s]", tt.name, cfg.Subjects, tt.subject)
+		}
+		if cfg.Storage != jetstream.FileStorage || cfg.Duplicates != 2*time.Minute ||
+			cfg.Retention != jetstream.LimitsPolicy || cfg.Discard != jetstream.DiscardOld ||
+			cfg.MaxMsgSize != MaxMsgSize || cfg.Replicas != 1 || cfg.MaxAge != 48*time.Hour {
+			t.Errorf("%s config = %+v", tt.name, cfg)
+		}
+	}
+}
+
+func TestReplicasOption(t *testing.T) {
+	if got := InStreamConfig(WithReplicas(3)).Replicas; got != 3 {
+		t.Fatalf("replicas = %d, want 3", got)
+	}
+	if got := ProfilesConfig(WithReplicas(0)).Replicas; got != 1 {
+		t.Fatalf("replicas with a zero option = %d, want the default 1", got)
+	}
+}
+
+func TestEnsureProfiles(t *testing.T) {
+	js, _ := newJS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := EnsureProfiles(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 7 {
+		if _, err := kv.Put(ctx, "default", []byte{byte('0' + i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hist, err := kv.History(ctx, "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != ProfilesHistory || string(hist[len(hist)-1].Value()) != "6" {
+		t.Fatalf("history holds %d revisions ending %q, want %d ending \"6\"", len(hist), hist[len(hist)-1].Value(), ProfilesHistory)
+	}
+	// Idempotent: a second call opens the same bucket with its data.
+	kv2, err := EnsureProfiles(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := kv2.Get(ctx, "default"); err != nil || string(e.Value()) != "6" {
+		t.Fatalf("after re-ensure: %v", err)
+	}
+}
+
+func TestPublishInputDeduplicates(t *testing.T) {
+	js, _ := newJS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := EnsureStreams(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	const id = "0b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a21"
+	tests := []struct {
+		name    string
+		subject string
+		id      string
+		dup     bool
+		seq     uint64
+		wantErr error
+	}{
+		{"first", "ctx.in.c1.turn", id, false, 1, nil},
+		{"same id again", "ctx.in.c1.turn", id, true, 1, nil},
+		{"other id", "ctx.in.c1.turn", "1b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a21", false, 2, nil},
+		{"not an input", "ctx.events.c1.rewind", id, false, 0, ErrNotInput},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ack, err := PublishInput(ctx, js, tt.subject, tt.id, []byte(`{"id":"x"}`))
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ack.Duplicate != tt.dup || ack.Sequence != tt.seq || ack.Stream != StreamIn {
+				t.Fatalf("ack = %+v, want duplicate=%v seq=%d", ack, tt.dup, tt.seq)
+			}
+		})
+	}
+	s, _ := js.Stream(ctx, StreamIn)
+	m, err := s.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Header.Get(jetstream.MsgIDHeader); got != id {
+		t.Fatalf("Nats-Msg-Id = %q, want %q", got, id)
+	}
+}
+
+func TestConnConfigFlagsAndEnv(t *testing.T) {
+	t.Setenv("NATS_URL", "nats://env:4222")
+	t.Setenv("NATS_USER", "agent")
+	t.Setenv("NATS_PASSWORD", "")
+	t.Setenv("NATS_TOKEN", "")
+	t.Setenv("NATS_CREDS", "")
+	t.Setenv("NATS_NKEY", "")
+	var c ConnConfig
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	if err := fs.Parse([]string{"--nats-password", "pw"}); err != nil {
+		t.Fatal(err)
+	}
+	if c.URL != "nats://env:4222" || c.User != "agent" || c.Password != "pw" {
+		t.Fatalf("config = %+v", c)
+	}
+}
+
+func TestConnConfigOptions(t *testing.T) {
+	tests := []struct {
+		name    string
+		cfg     ConnConfig
+		wantErr bool
+	}{
+		{"none", ConnConfig{}, false},
+		{"user", ConnConfig{User: "u", Password: "p"}, false},
+		{"token", ConnConfig{Token: "t"}, false},
+		{"two methods", ConnConfig{User: "u", Token: "t"}, true},
+		{"missing nkey file", ConnConfig{NKeyFile: "/nonexistent/seed.nk"}, true},
+	}
+	for _, tt := range tests {
+		if _, err := tt.cfg.Options(); (err != nil) != tt.wantErr {
+			t.Errorf("%s: err = %v, want error %v", tt.name, err, tt.wantErr)
+		}
+	}
+}
+
+func TestConnect(t *testing.T) {
+	_, url := natstest.Run(t)
+	nc, err := Connect(ConnConfig{URL: url, Name: "bus-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if !nc.IsConnected() || nc.Opts.Name != "bus-test" || nc.Opts.MaxReconnect != -1 {
+		t.Fatalf("connected=%v opts=%+v", nc.IsConnected(), nc.Opts)
+	}
+	if _, err := Connect(ConnConfig{URL: "nats://user:secret@127.0.0.1:1"}); err == nil {
+		t.Fatal("connect to a closed port succeeded")
+	} else if s := err.Error(); strings.Contains(s, "secret") {
+		t.Fatalf("error leaks the password: %s", s)
+	}
+}
+
+func TestRedact(t *testing.T) {
+	tests := map[string]string{
+		"nats://127.0.0.1:4222":      "nats://127.0.0.1:4222",
+		"nats://u:p@h:1,nats://h2:2": "nats://***@h:1,nats://h2:2",
+		"tls://token@h:1":            "tls://***@h:1",
+		"localhost":                  "localhost",
+	}
+	for in, want := range tests {
+		if got := redact(in); got != want {
+			t.Errorf("redact(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
