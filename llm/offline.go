@@ -1,0 +1,621 @@
+package llm
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/ctxpipe/ctxpipe/prompts"
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// OfflineModel is the Summary.Model of the offline condenser.
+const OfflineModel = "offline-extractive"
+
+// DefaultOfflineMaxChars bounds an offline summary, whatever the input size,
+// so that condensing a long conversation really shrinks it.
+const DefaultOfflineMaxChars = 4000
+
+// Per-section budgets in characters. With the headings they add up to about
+// DefaultOfflineMaxChars, so the final cut seldom bites; when it does, it
+// cuts the middle and keeps the last section (the latest request, the most
+// important for carrying on) whole.
+const (
+	budgetTask     = 450
+	budgetEarlier  = 300
+	budgetCurrent  = 300
+	budgetConcepts = 150
+	budgetFiles    = 400
+	budgetCommands = 600
+	budgetErrors   = 450
+	budgetNotes    = 250
+	budgetLatest   = 650
+
+	maxCommandChars = 140
+	maxErrorChars   = 160
+	maxNoteChars    = 180
+)
+
+// Offline is a deterministic extractive condenser: it needs no network and
+// quotes the conversation instead of paraphrasing it. It writes the same six
+// headings as the Detailed prompt: the task as first stated, the latest
+// assistant note and command, the tools and file types used, the files
+// touched (from tool inputs and commands), the commands run, the errors seen
+// and short assistant notes, and the latest user request verbatim. The same
+// messages always give the same bytes. The zero value is ready to use.
+type Offline struct {
+	// MaxChars bounds the summary; 0 means DefaultOfflineMaxChars.
+	MaxChars int
+}
+
+// Summarize condenses req.Messages. The final instruction turn the engine
+// appends is recognized (prompts.IsFinalInstruction) and ignored. The prompt
+// is not used: there is no model to follow it.
+func (o *Offline) Summarize(ctx context.Context, req schema.SummaryRequest) (schema.Summary, error) {
+	if err := ctx.Err(); err != nil {
+		return schema.Summary{}, fmt.Errorf("offline summarize: %w", err)
+	}
+	limit := o.MaxChars
+	if limit <= 0 {
+		limit = DefaultOfflineMaxChars
+	}
+	body, tail := extract(req.Messages).render()
+	text := clip(body, limit-len([]rune(tail))-2) + "\n\n" + tail
+	return schema.Summary{Text: text, Model: OfflineModel}, nil
+}
+
+// facts is what the offline condenser pulls out of a conversation.
+type facts struct {
+	messages, toolCalls, failed int
+	task                        string // the first user text, not a summary
+	earlier                     string // the latest earlier summary's text
+	latest                      string // the last user text
+	notes                       []string
+	lastNote                    string
+	tools                       map[string]int
+	files                       map[string]*seen
+	commands                    map[string]*seen
+	lastCommand                 string
+	errors                      []string
+	calls                       map[string]string // tool_use id → short description
+	order                       int
+}
+
+// seen counts occurrences and remembers the first and last position, for
+// stable, deterministic ordering.
+type seen struct {
+	key         string
+	count       int
+	first, last int
+}
+
+func (f *facts) note(m map[string]*seen, key string) {
+	f.order++
+	s := m[key]
+	if s == nil {
+		s = &seen{key: key, first: f.order}
+		m[key] = s
+	}
+	s.count++
+	s.last = f.order
+}
+
+func extract(msgs []schema.Message) *facts {
+	f := &facts{
+		tools: map[string]int{}, files: map[string]*seen{}, commands: map[string]*seen{},
+		calls: map[string]string{},
+	}
+	for i, m := range msgs {
+		if i == len(msgs)-1 && m.Role == schema.RoleUser && prompts.IsFinalInstruction(userText(m.Content)) {
+			break // the engine's trigger turn, not the user's words
+		}
+		f.messages++
+		if m.IsSummary {
+			f.earlier = summaryText(m.Content)
+			for _, p := range filesFromSummary(f.earlier) {
+				f.note(f.files, p)
+			}
+			continue
+		}
+		if m.IsTruncationMarker {
+			continue
+		}
+		for _, b := range m.Content.BlocksOf() {
+			switch b.Type {
+			case schema.BlockToolUse:
+				f.toolUse(b)
+			case schema.BlockToolResult:
+				if b.IsError {
+					f.toolError(b)
+				}
+			case schema.BlockText:
+				if m.Role == schema.RoleAssistant {
+					if n := excerpt(b.Text, maxNoteChars); n != "" {
+						f.notes = append(f.notes, n)
+						f.lastNote = b.Text
+					}
+				}
+			}
+		}
+		if m.Role == schema.RoleUser {
+			if t := strings.TrimSpace(userText(m.Content)); t != "" && !prompts.IsFinalInstruction(t) {
+				if f.task == "" {
+					f.task = t
+				}
+				f.latest = t
+			}
+		}
+	}
+	return f
+}
+
+// userText joins a message's text blocks, leaving out tool results.
+func userText(c schema.Content) string {
+	if !c.IsBlocks {
+		return c.Text
+	}
+	var parts []string
+	for _, b := range c.Blocks {
+		if b.Type == schema.BlockText && strings.TrimSpace(b.Text) != "" {
+			parts = append(parts, b.Text)
+		}
+	}
+	return strings.Join(parts, "\n\n")
+}
+
+// summaryText is an earlier summary's text, without its synthetic reasoning.
+func summaryText(c schema.Content) string { return strings.TrimSpace(userText(c)) }
+
+// filesFromSummary carries the file list of an earlier offline summary
+// forward, so repeated condensing does not forget the files.
+func filesFromSummary(s string) []string {
+	head := "## " + prompts.DetailedSections[3]
+	i := strings.Index(s, head)
+	if i < 0 {
+		return nil
+	}
+	rest := s[i+len(head):]
+	if j := strings.Index(rest, "\n## "); j >= 0 {
+		rest = rest[:j]
+	}
+	var out []string
+	for _, line := range strings.Split(rest, "\n") {
+		if p, ok := strings.CutPrefix(strings.TrimSpace(line), "- "); ok {
+			if p = strings.Trim(p, "`"); looksLikePath(p) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// Keys of tool inputs that name files directly.
+var pathKeys = []string{"path", "file_path", "filepath", "filename", "file", "target_file", "paths", "files"}
+
+// Keys of tool inputs that hold a shell command.
+var commandKeys = []string{"command", "cmd", "script"}
+
+func (f *facts) toolUse(b schema.Block) {
+	f.toolCalls++
+	name := b.Name
+	if name == "" {
+		name = "tool"
+	}
+	f.tools[name]++
+	var input map[string]any
+	_ = json.Unmarshal(b.Input, &input) // not an object: no paths or command to read
+	for _, k := range pathKeys {
+		for _, p := range stringsOf(input[k]) {
+			if p = cleanPath(p); p != "" {
+				f.note(f.files, p)
+			}
+		}
+	}
+	line := ""
+	for _, k := range commandKeys {
+		if cmds := stringsOf(input[k]); len(cmds) > 0 {
+			cmd := strings.Join(cmds, " ")
+			for _, p := range pathsInCommand(cmd) {
+				f.note(f.files, p)
+			}
+			line = commandLine(cmd)
+			break
+		}
+	}
+	if line == "" {
+		raw := strings.Join(strings.Fields(string(b.Input)), " ")
+		if raw == "" || raw == "{}" || raw == "null" {
+			line = name
+		} else {
+			line = clip(name+" "+raw, maxCommandChars)
+		}
+	}
+	f.note(f.commands, line)
+	f.lastCommand = line
+	if b.ID != "" {
+		f.calls[b.ID] = line
+	}
+}
+
+var returnCode = regexp.MustCompile(`<returncode>\s*(-?\d+)\s*</returncode>`)
+var tag = regexp.MustCompile(`<[^<>\n]{1,40}>`)
+
+func (f *facts) toolError(b schema.Block) {
+	f.failed++
+	body := ""
+	if b.Content != nil {
+		body = RenderContent(*b.Content)
+	}
+	prefix := ""
+	if m := returnCode.FindStringSubmatch(body); m != nil {
+		prefix = "exit " + m[1] + ": "
+		body = strings.Replace(body, m[0], "", 1)
+	}
+	var lines []string
+	for _, line := range strings.Split(body, "\n") {
+		if l := strings.TrimSpace(tag.ReplaceAllString(line, "")); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	first := "(no output)"
+	if len(lines) > 0 {
+		first = lines[0]
+		// A Python traceback's first line says nothing; its last names the exception.
+		if strings.HasPrefix(first, "Traceback (most recent call last)") {
+			first = lines[len(lines)-1]
+		}
+	}
+	who := b.ToolUseID
+	if cmd := f.calls[b.ToolUseID]; cmd != "" {
+		who += " (`" + clip(cmd, 50) + "`)"
+	}
+	f.errors = append(f.errors, clip(who+": "+prefix+first, maxErrorChars))
+}
+
+// stringsOf returns v as a list of strings: a string, or the strings in an array.
+func stringsOf(v any) []string {
+	switch t := v.(type) {
+	case string:
+		if strings.TrimSpace(t) != "" {
+			return []string{t}
+		}
+	case []any:
+		var out []string
+		for _, e := range t {
+			if s, ok := e.(string); ok && strings.TrimSpace(s) != "" {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	return nil
+}
+
+// commandLine is a command's first line, marked when more lines follow.
+func commandLine(cmd string) string {
+	cmd = strings.TrimSpace(cmd)
+	first, rest, more := strings.Cut(cmd, "\n")
+	first = strings.Join(strings.Fields(first), " ")
+	if more && strings.TrimSpace(rest) != "" {
+		first += " …"
+	}
+	return clip(first, maxCommandChars)
+}
+
+// splitCommand separates shell words; quotes and operators split too, which
+// is crude but enough to find path-like words.
+var splitCommand = regexp.MustCompile("[\\s;|&<>()'\"`=,{}\\[\\]$]+")
+
+var lineSuffix = regexp.MustCompile(`(:\d+)+:?$`)
+
+// pathsInCommand finds the words of a shell command that look like file
+// paths. It stops after a line that opens a here-document: the lines after
+// it are file contents, not paths.
+func pathsInCommand(cmd string) []string {
+	var out []string
+	for _, line := range strings.Split(cmd, "\n") {
+		for _, w := range splitCommand.Split(line, -1) {
+			if p := cleanPath(w); p != "" {
+				out = append(out, p)
+			}
+		}
+		if strings.Contains(line, "<<") {
+			break
+		}
+	}
+	return out
+}
+
+// cleanPath normalizes a candidate path, returning "" when it is not one.
+func cleanPath(w string) string {
+	w = strings.TrimSpace(w)
+	w = strings.TrimRight(w, ".:")
+	w = lineSuffix.ReplaceAllString(w, "")
+	w = strings.TrimPrefix(w, "./")
+	if !looksLikePath(w) {
+		return ""
+	}
+	return w
+}
+
+var pathChars = regexp.MustCompile(`^[A-Za-z0-9_./~+@-]+$`)
+
+// Extensions that make a bare name (no slash) count as a file.
+var fileExts = map[string]bool{
+	"py": true, "pyi": true, "go": true, "js": true, "mjs": true, "ts": true, "tsx": true, "jsx": true,
+	"rs": true, "c": true, "h": true, "cc": true, "cpp": true, "hpp": true, "java": true, "kt": true,
+	"rb": true, "php": true, "cs": true, "swift": true, "scala": true, "sh": true, "bash": true,
+	"md": true, "rst": true, "txt": true, "json": true, "jsonl": true, "yaml": true, "yml": true,
+	"toml": true, "cfg": true, "ini": true, "conf": true, "sql": true, "html": true, "css": true,
+	"xml": true, "lock": true, "mod": true, "sum": true, "proto": true, "patch": true, "diff": true,
+	"log": true, "csv": true, "ipynb": true, "vue": true, "svelte": true,
+}
+
+// looksLikePath accepts words such as src/x.py, /testbed/pkg/, ./a/b and
+// setup.cfg, and rejects flags, URLs, numbers, device files and dotted
+// identifiers such as os.path.
+func looksLikePath(w string) bool {
+	if len(w) < 2 || len(w) > 200 || strings.HasPrefix(w, "-") || strings.Contains(w, "://") ||
+		!pathChars.MatchString(w) {
+		return false
+	}
+	for _, skip := range []string{"/dev/", "/proc/", "/sys/"} {
+		if strings.HasPrefix(w, skip) || w+"/" == skip {
+			return false
+		}
+	}
+	if w == ".." || w == "~" || strings.Trim(w, "./") == "" {
+		return false
+	}
+	if ext := strings.TrimPrefix(path.Ext(w), "."); fileExts[ext] {
+		base := strings.TrimSuffix(path.Base(w), "."+ext)
+		return base != "" && !isNumber(base)
+	}
+	if !strings.Contains(w, "/") {
+		return false
+	}
+	if strings.HasPrefix(w, "/") || strings.HasPrefix(w, "~/") || strings.HasPrefix(w, "../") {
+		return strings.IndexFunc(w, isLetter) >= 0
+	}
+	// A relative path with no known extension: every segment must start like
+	// a name, so arithmetic such as x/2 is not taken for a path.
+	for _, seg := range strings.Split(strings.TrimSuffix(w, "/"), "/") {
+		if seg == "" || !(isLetter(rune(seg[0])) || seg[0] == '_' || seg[0] == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+func isLetter(r rune) bool { return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' }
+
+func isNumber(s string) bool { _, err := strconv.ParseFloat(s, 64); return err == nil }
+
+// excerpt is a note's first sentence or line, whitespace collapsed.
+func excerpt(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if i := sentenceEnd(s); i > 0 {
+		s = s[:i]
+	}
+	return clip(s, n)
+}
+
+func sentenceEnd(s string) int {
+	for i := 0; i+1 < len(s); i++ {
+		if (s[i] == '.' || s[i] == '!' || s[i] == '?' || s[i] == ':') && s[i+1] == ' ' && i > 20 {
+			return i + 1
+		}
+	}
+	return -1
+}
+
+// render writes the summary under the Detailed prompt's headings: the body
+// holds sections 1 to 5, the tail section 6.
+func (f *facts) render() (body, tail string) {
+	var b strings.Builder
+	sec := prompts.DetailedSections
+	fmt.Fprintf(&b, "Offline extractive summary of %d messages (%d tool calls, %d failed). "+
+		"Every line below is quoted or counted from the conversation; no model wrote it.\n", f.messages, f.toolCalls, f.failed)
+
+	fmt.Fprintf(&b, "\n## %s\n", sec[0])
+	if f.task != "" {
+		b.WriteString("Task as first stated:\n")
+		b.WriteString(quote(f.task, budgetTask))
+	} else {
+		b.WriteString("No user request in the condensed part.\n")
+	}
+	if f.earlier != "" {
+		b.WriteString("Earlier summary (start):\n")
+		b.WriteString(quote(f.earlier, budgetEarlier))
+	}
+
+	fmt.Fprintf(&b, "\n## %s\n", sec[1])
+	if f.lastNote == "" && f.lastCommand == "" {
+		b.WriteString("None.\n")
+	}
+	if f.lastNote != "" {
+		b.WriteString("Latest assistant note:\n")
+		b.WriteString(quote(strings.Join(strings.Fields(f.lastNote), " "), budgetCurrent))
+	}
+	if f.lastCommand != "" {
+		fmt.Fprintf(&b, "Last command: `%s`\n", f.lastCommand)
+	}
+
+	fmt.Fprintf(&b, "\n## %s\n", sec[2])
+	concepts := []string{}
+	if len(f.tools) > 0 {
+		concepts = append(concepts, "Tools used: "+counted(f.tools, 6))
+	}
+	exts := map[string]int{}
+	for p := range f.files {
+		if e := path.Ext(p); e != "" && fileExts[e[1:]] {
+			exts[e]++
+		}
+	}
+	if len(exts) > 0 {
+		concepts = append(concepts, "File types: "+counted(exts, 6))
+	}
+	writeList(&b, concepts, len(concepts), budgetConcepts, "")
+
+	fmt.Fprintf(&b, "\n## %s\n", sec[3])
+	files := ranked(f.files, byCount)
+	writeList(&b, files, len(files), budgetFiles, "")
+
+	fmt.Fprintf(&b, "\n## %s\n", sec[4])
+	cmds := ranked(f.commands, byLast)
+	if len(cmds) > 0 {
+		fmt.Fprintf(&b, "Commands run (%d distinct, most recent last):\n", len(cmds))
+		writeTail(&b, cmds, budgetCommands, "`")
+	}
+	if len(f.errors) > 0 {
+		fmt.Fprintf(&b, "Errors seen (%d, most recent last):\n", len(f.errors))
+		writeTail(&b, f.errors, budgetErrors, "")
+	}
+	notes := dedupe(f.notes)
+	if len(notes) > 0 {
+		b.WriteString("Notes from the assistant (most recent last):\n")
+		writeTail(&b, notes, budgetNotes, "")
+	}
+	if len(cmds) == 0 && len(f.errors) == 0 && len(notes) == 0 {
+		b.WriteString("None.\n")
+	}
+
+	body = strings.TrimRight(b.String(), "\n")
+	b.Reset()
+	fmt.Fprintf(&b, "## %s\n", sec[5])
+	switch {
+	case f.latest == "":
+		b.WriteString("None.\n")
+	case f.latest == f.task:
+		b.WriteString("Latest user request: the task quoted in section 1, unchanged since.\n")
+	default:
+		b.WriteString("Latest user request (verbatim):\n")
+		b.WriteString(quote(f.latest, budgetLatest))
+	}
+	return body, strings.TrimRight(b.String(), "\n")
+}
+
+// quote writes s as a Markdown quote of at most n characters.
+func quote(s string, n int) string {
+	s = clip(strings.TrimSpace(s), n)
+	var b strings.Builder
+	for _, line := range strings.Split(s, "\n") {
+		b.WriteString("> ")
+		b.WriteString(strings.TrimRight(line, " \t\r"))
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// writeList writes items as bullets from the start until the budget is
+// spent, then says how many were left out.
+func writeList(b *strings.Builder, items []string, total, budget int, wrap string) {
+	if len(items) == 0 {
+		b.WriteString("None.\n")
+		return
+	}
+	used, shown := 0, 0
+	for _, it := range items {
+		line := "- " + wrap + it + wrap + "\n"
+		if used+len(line) > budget && shown > 0 {
+			break
+		}
+		b.WriteString(line)
+		used += len(line)
+		shown++
+	}
+	if shown < total {
+		fmt.Fprintf(b, "- … and %d more\n", total-shown)
+	}
+}
+
+// writeTail writes the last items that fit the budget, oldest first.
+func writeTail(b *strings.Builder, items []string, budget int, wrap string) {
+	used, start := 0, len(items)
+	for start > 0 {
+		line := "- " + wrap + items[start-1] + wrap + "\n"
+		if used+len(line) > budget && start < len(items) {
+			break
+		}
+		used += len(line)
+		start--
+	}
+	if start > 0 {
+		fmt.Fprintf(b, "- … %d earlier not shown\n", start)
+	}
+	for _, it := range items[start:] {
+		b.WriteString("- " + wrap + it + wrap + "\n")
+	}
+}
+
+type rankOrder int
+
+const (
+	byCount rankOrder = iota // most frequent first, then first seen
+	byLast                   // least recently seen first, so the newest is last
+)
+
+func ranked(m map[string]*seen, order rankOrder) []string {
+	all := make([]*seen, 0, len(m))
+	for _, s := range m {
+		all = append(all, s)
+	}
+	sort.Slice(all, func(i, j int) bool {
+		a, c := all[i], all[j]
+		if order == byLast {
+			return a.last < c.last
+		}
+		if a.count != c.count {
+			return a.count > c.count
+		}
+		return a.first < c.first
+	})
+	out := make([]string, len(all))
+	for i, s := range all {
+		out[i] = s.key
+	}
+	return out
+}
+
+// counted renders "a (3), b (1)": the n most frequent, ties by name.
+func counted(m map[string]int, n int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if m[keys[i]] != m[keys[j]] {
+			return m[keys[i]] > m[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	parts := make([]string, 0, n)
+	for i, k := range keys {
+		if i == n {
+			parts = append(parts, fmt.Sprintf("%d more", len(keys)-n))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s (%d)", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// dedupe keeps the last occurrence of each string, in order.
+func dedupe(items []string) []string {
+	last := map[string]int{}
+	for i, s := range items {
+		last[s] = i
+	}
+	out := make([]string, 0, len(last))
+	for i, s := range items {
+		if last[s] == i {
+			out = append(out, s)
+		}
+	}
+	return out
+}
