@@ -141,6 +141,8 @@ func classify(err error, h http.Header) error {
 		}
 		return &APIError{StatusCode: reqErr.HTTPStatusCode, Message: msg, RetryAfter: retryAfter(h), Err: err}
 	}
+	// A body cut off midway (unexpected EOF) is counted as a network failure:
+	// a proxy or a dropped connection does that, and another try may succeed.
 	var netErr net.Error
 	if errors.As(err, &netErr) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		return fmt.Errorf("%w: %w", ErrNetwork, err)
