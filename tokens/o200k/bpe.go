@@ -12,10 +12,7 @@ const smallPiece = 64
 
 // pairRank returns the rank of piece[a:b], or noRank.
 func (v *vocab) pairRank(piece string, a, b int) uint32 {
-	if r, ok := v.ranks[piece[a:b]]; ok {
-		return uint32(r)
-	}
-	return noRank
+	return v.rankOf(piece, a, b)
 }
 
 // merge byte-pair-encodes piece (which is not itself a token) into ids and

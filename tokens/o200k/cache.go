@@ -29,24 +29,40 @@ type cacheEntry struct {
 	ids []uint32
 }
 
-// pieceCache is a direct-mapped cache from piece to token ids. A new entry
-// simply replaces whatever occupied its slot, which gives random eviction
-// with no bookkeeping and a hard bound of one entry per slot. Slots are
-// atomic pointers: a lookup is a load plus a string compare, an insert a
-// single store, and concurrent users never block each other.
+// pieceCache is a two-way set-associative cache from piece to token ids.
+// A piece may live in either slot of its set; a new entry takes an empty slot
+// or else evicts one of the two chosen by a hash bit, which is random
+// eviction with no bookkeeping and a hard bound of one entry per slot. (Two
+// ways instead of one keep pairs of hot pieces that share a set from
+// evicting each other on every use.) Slots are atomic pointers to immutable
+// entries: a lookup is two loads and a string compare, an insert a single
+// store, and concurrent users never block each other.
 type pieceCache struct {
 	slots []atomic.Pointer[cacheEntry]
+	sets  uint64 // len(slots)/2, or 1 for a one-slot cache
 	seed  maphash.Seed
 }
 
 func newPieceCache(size int) *pieceCache {
-	return &pieceCache{slots: make([]atomic.Pointer[cacheEntry], size), seed: maphash.MakeSeed()}
+	c := &pieceCache{seed: maphash.MakeSeed()}
+	if size == 1 {
+		c.slots, c.sets = make([]atomic.Pointer[cacheEntry], 1), 1
+		return c
+	}
+	// An odd size rounds down, so the cache never exceeds the requested bound.
+	c.sets = uint64(size / 2)
+	c.slots = make([]atomic.Pointer[cacheEntry], 2*c.sets)
+	return c
 }
 
-// slot maps a hash onto [0, len(slots)) by multiply-shift, which avoids a
-// division and works for any slot count, not just powers of two.
-func (c *pieceCache) slot(h uint64) *atomic.Pointer[cacheEntry] {
-	return &c.slots[(h>>32)*uint64(len(c.slots))>>32]
+// set maps a hash onto the index of its set's first slot. Multiply-shift
+// avoids a division and works for any set count, not just powers of two.
+func (c *pieceCache) set(h uint64) int {
+	i := int((h >> 32) * c.sets >> 32)
+	if len(c.slots) == 1 {
+		return 0
+	}
+	return 2 * i
 }
 
 func (c *pieceCache) hash(piece string) uint64 {
@@ -54,8 +70,14 @@ func (c *pieceCache) hash(piece string) uint64 {
 }
 
 func (c *pieceCache) get(h uint64, piece string) ([]uint32, bool) {
-	if e := c.slot(h).Load(); e != nil && e.key == piece {
+	i := c.set(h)
+	if e := c.slots[i].Load(); e != nil && e.key == piece {
 		return e.ids, true
+	}
+	if len(c.slots) > 1 {
+		if e := c.slots[i+1].Load(); e != nil && e.key == piece {
+			return e.ids, true
+		}
 	}
 	return nil, false
 }
@@ -63,7 +85,18 @@ func (c *pieceCache) get(h uint64, piece string) ([]uint32, bool) {
 // put stores copies: the piece is a substring of the caller's text and must
 // not keep that text alive, and ids is the caller's scratch buffer.
 func (c *pieceCache) put(h uint64, piece string, ids []uint32) {
-	c.slot(h).Store(&cacheEntry{key: strings.Clone(piece), ids: append([]uint32(nil), ids...)})
+	e := &cacheEntry{key: strings.Clone(piece), ids: append([]uint32(nil), ids...)}
+	i := c.set(h)
+	if len(c.slots) > 1 {
+		switch {
+		case c.slots[i].Load() == nil:
+		case c.slots[i+1].Load() == nil:
+			i++
+		default:
+			i += int(h & 1) // the low bit is independent of the set index
+		}
+	}
+	c.slots[i].Store(e)
 }
 
 // CacheStats describes an Encoder's piece cache.

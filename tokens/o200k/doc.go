@@ -28,18 +28,22 @@
 //
 // Cache. Pieces that are themselves a token cost one map lookup and never
 // reach the merge loop. The remaining pieces (rarer words, CJK runs, long
-// identifiers) are remembered in a fixed-size, direct-mapped cache of
-// immutable entries published through atomic pointers (cache.go). Its memory
-// is bounded by construction: a fixed number of slots, each holding at most
-// one entry whose key is at most maxCachedPiece bytes. Readers take no lock,
-// so many goroutines can share one Encoder.
+// identifiers) are remembered in a fixed-size, two-way set-associative cache
+// of immutable entries published through atomic pointers (cache.go). Its
+// memory is bounded by construction: a fixed number of slots, each holding at
+// most one entry whose key is at most maxCachedPiece bytes, with random
+// eviction when a set is full. Readers take no lock, so many goroutines can
+// share one Encoder.
 //
 // Merge. Byte-pair merging (bpe.go) follows tiktoken's rule: repeatedly merge
 // the adjacent pair whose concatenation has the lowest rank, the leftmost one
 // on ties. Short pieces use stack arrays and a linear scan; long pieces use a
 // heap over a linked list so that adversarial input (a 10 000-letter word)
-// stays O(n log n) rather than quadratic. Rank lookups index the map with a
-// substring of the piece, which does not allocate.
+// stays O(n log n) rather than quadratic. Rank lookups (table.go) avoid a
+// general string map for the common short strings: two-byte strings index an
+// array, strings of up to eight bytes are packed into a uint64 and probed in
+// an open-addressing table, and only longer ones use a map, indexed with a
+// substring so that nothing allocates.
 //
 // The ranks come from the o200k_base.tiktoken file embedded in
 // github.com/pkoukk/tiktoken-go-loader; nothing is downloaded at run time. They

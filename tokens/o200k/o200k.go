@@ -150,14 +150,12 @@ func (e *Encoder) encode(text string, out []int, wantIDs bool) ([]int, int) {
 		piece := text[i:j]
 		i = j
 		// Most pieces are a single token: one map lookup and done.
-		if len(piece) <= v.maxLen {
-			if id, ok := v.ranks[piece]; ok {
-				count++
-				if wantIDs {
-					out = append(out, id)
-				}
-				continue
+		if id := v.rankOf(piece, 0, len(piece)); id != noRank {
+			count++
+			if wantIDs {
+				out = append(out, int(id))
 			}
+			continue
 		}
 		var ids []uint32
 		if e.cache != nil && len(piece) <= maxCachedPiece {

@@ -1,6 +1,7 @@
 package o200k
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -307,6 +308,21 @@ func TestSanitizeMatchesRuneConversion(t *testing.T) {
 		}
 		if got, want := sanitize(string(b)), string([]rune(string(b))); got != want {
 			t.Fatalf("sanitize(%q) = %q, want %q", b, got, want)
+		}
+	}
+}
+
+func TestCacheSizeIsABound(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 7, 1000, 1001} {
+		enc, err := New(WithCacheSize(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 3*n+10; i++ {
+			enc.Count(fmt.Sprintf(" zqx%dqv 中文%d", i, i))
+		}
+		if st := enc.CacheStats(); st.Slots > n || st.Entries > n || st.Entries == 0 {
+			t.Errorf("WithCacheSize(%d): %+v", n, st)
 		}
 	}
 }

@@ -19,9 +19,11 @@ const expectedRanks = 199998
 
 // vocab is the immutable, shared view of the o200k_base ranks.
 type vocab struct {
-	ranks    map[string]int // token bytes -> token id
-	byteRank [256]uint32    // id of every single-byte token
-	maxLen   int            // longest token in bytes; longer pieces are never one token
+	byteRank [256]uint32       // id of every single-byte token
+	pair2    []uint32          // id of two-byte tokens indexed by b0 | b1<<8, else noRank
+	short    *shortTable       // tokens of 3..shortMax bytes
+	long     map[string]uint32 // tokens longer than shortMax
+	maxLen   int               // longest token in bytes; longer strings are never one token
 }
 
 var (
@@ -49,15 +51,33 @@ func parseVocab() (*vocab, error) {
 	if len(ranks) != expectedRanks {
 		return nil, fmt.Errorf("o200k: embedded ranks hold %d tokens, want %d", len(ranks), expectedRanks)
 	}
-	v := &vocab{ranks: ranks}
+	v := &vocab{pair2: make([]uint32, 1<<16), long: make(map[string]uint32)}
+	for i := range v.pair2 {
+		v.pair2[i] = noRank
+	}
+	nShort := 0
+	for tok := range ranks {
+		if len(tok) > 2 && len(tok) <= shortMax {
+			nShort++
+		}
+	}
+	v.short = newShortTable(nShort)
 	seen := make([]bool, len(ranks))
 	for tok, id := range ranks {
-		if id < 0 || id >= len(ranks) || seen[id] {
+		if id < 0 || id >= len(ranks) || id >= 1<<24 || seen[id] || tok == "" {
 			return nil, fmt.Errorf("o200k: embedded ranks: bad or duplicate id %d", id)
 		}
 		seen[id] = true
-		if len(tok) > v.maxLen {
-			v.maxLen = len(tok)
+		v.maxLen = max(v.maxLen, len(tok))
+		switch n := len(tok); {
+		case n == 1:
+			// filled below, with a check that all 256 are present
+		case n == 2:
+			v.pair2[uint16(tok[0])|uint16(tok[1])<<8] = uint32(id)
+		case n <= shortMax:
+			v.short.put(pack(tok, 0, n), n, uint32(id))
+		default:
+			v.long[tok] = uint32(id)
 		}
 	}
 	// Byte-level BPE needs every byte to be a token; otherwise some inputs
