@@ -96,10 +96,11 @@ type encodedEvent struct {
 // Commit applies a batch of entries, in order, in one transaction: either
 // all of it is stored or none of it. For each entry it inserts the input row;
 // an id already present makes the entry a Duplicate and its Changes are
-// skipped. Otherwise it applies, in this order, the insertions (in list
-// order, each placed before its Before message or appended), the tag changes,
-// the deletes, the state (when Changes.State.ConversationID is set) and the
-// events with their outbox rows (an event id already stored is skipped).
+// skipped. Otherwise it applies, in the order stages.Apply replays them, the
+// deletes, the insertions (in list order, each placed immediately before its
+// Before message or appended) and the tag changes; then the state (when
+// Changes.State.ConversationID is set) and the events with their outbox rows
+// (an event id already stored is skipped).
 //
 // Every change applies to the entry's Input.ConversationID. A Before or a tag
 // change naming a message that does not exist is an error (an *EntryError);
@@ -306,6 +307,11 @@ func (c *committer) apply(ctx context.Context, x *encoded) (bool, error) {
 	if x.ch == nil {
 		return false, nil
 	}
+	for _, id := range x.deletes {
+		if _, err := c.exec(ctx, qDelete, x.conv, id); err != nil {
+			return false, fmt.Errorf("delete message %s: %w", id, err)
+		}
+	}
 	for _, em := range x.msgs {
 		if err := c.insertMessage(ctx, x.conv, em); err != nil {
 			return false, err
@@ -321,11 +327,6 @@ func (c *committer) apply(ctx context.Context, x *encoded) (bool, error) {
 			return false, fmt.Errorf("set %s on %s: %w", col, t.MessageID, err)
 		} else if n == 0 {
 			return false, fmt.Errorf("set %s: message %s not found in conversation %s", col, t.MessageID, x.conv)
-		}
-	}
-	for _, id := range x.deletes {
-		if _, err := c.exec(ctx, qDelete, x.conv, id); err != nil {
-			return false, fmt.Errorf("delete message %s: %w", id, err)
 		}
 	}
 	if x.state != nil {
