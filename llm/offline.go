@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ctxpipe/ctxpipe/prompts"
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -137,7 +138,7 @@ func extract(msgs []schema.Message) *facts {
 				if m.Role == schema.RoleAssistant {
 					if n := excerpt(b.Text, maxNoteChars); n != "" {
 						f.notes = append(f.notes, n)
-						f.lastNote = b.Text
+						f.lastNote = head(b.Text, 4*budgetCurrent)
 					}
 				}
 			}
@@ -252,22 +253,18 @@ func (f *facts) toolError(b schema.Block) {
 		body = RenderContent(*b.Content)
 	}
 	prefix := ""
-	if m := returnCode.FindStringSubmatch(body); m != nil {
+	if m := returnCode.FindStringSubmatch(head(body, 256)); m != nil {
 		prefix = "exit " + m[1] + ": "
 		body = strings.Replace(body, m[0], "", 1)
 	}
-	var lines []string
-	for _, line := range strings.Split(body, "\n") {
-		if l := strings.TrimSpace(tag.ReplaceAllString(line, "")); l != "" {
-			lines = append(lines, l)
-		}
-	}
 	first := "(no output)"
-	if len(lines) > 0 {
+	if lines := meaningfulLines(head(body, 8<<10)); len(lines) > 0 {
 		first = lines[0]
 		// A Python traceback's first line says nothing; its last names the exception.
 		if strings.HasPrefix(first, "Traceback (most recent call last)") {
-			first = lines[len(lines)-1]
+			if end := meaningfulLines(tail(body, 8<<10)); len(end) > 0 {
+				first = end[len(end)-1]
+			}
 		}
 	}
 	who := b.ToolUseID
@@ -275,6 +272,29 @@ func (f *facts) toolError(b schema.Block) {
 		who += " (`" + clip(cmd, 50) + "`)"
 	}
 	f.errors = append(f.errors, clip(who+": "+prefix+first, maxErrorChars))
+}
+
+// meaningfulLines are the non-blank lines of s with XML-ish tags removed.
+func meaningfulLines(s string) []string {
+	var out []string
+	for _, line := range strings.Split(s, "\n") {
+		if l := strings.TrimSpace(tag.ReplaceAllString(line, "")); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// tail is at most the last n bytes of s, cut at a rune boundary.
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := len(s) - n
+	for i < len(s) && !utf8.RuneStart(s[i]) {
+		i++
+	}
+	return s[i:]
 }
 
 // stringsOf returns v as a list of strings: a string, or the strings in an array.
@@ -398,11 +418,23 @@ func isNumber(s string) bool { _, err := strconv.ParseFloat(s, 64); return err =
 
 // excerpt is a note's first sentence or line, whitespace collapsed.
 func excerpt(s string, n int) string {
+	s = head(s, 8*n) // no need to scan a long message past its start
 	s = strings.Join(strings.Fields(s), " ")
 	if i := sentenceEnd(s); i > 0 {
 		s = s[:i]
 	}
 	return clip(s, n)
+}
+
+// head is at most the first n bytes of s, cut at a rune boundary.
+func head(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func sentenceEnd(s string) int {

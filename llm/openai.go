@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	openai "github.com/sashabaranov/go-openai"
 
@@ -215,12 +216,18 @@ func clip(s string, n int) string {
 	if n <= 0 {
 		return ""
 	}
-	r := []rune(s)
-	if len(r) <= n {
+	if len(s) <= n { // at most n bytes, so at most n runes
 		return s
 	}
-	if n == 1 {
-		return "…"
+	count := 0
+	for i := range s {
+		if count == n-1 {
+			if utf8.RuneCountInString(s[i:]) <= 1 {
+				return s
+			}
+			return s[:i] + "…"
+		}
+		count++
 	}
-	return string(r[:n-1]) + "…"
+	return s
 }
