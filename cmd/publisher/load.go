@@ -1,0 +1,214 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+func runLoad(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags()
+	convs := fs.Int("convs", 10, "conversations (concurrent agents)")
+	turns := fs.Int("turns", 100, "turns per conversation")
+	sizeFlag := fs.String("size", string(SizeRealistic), "turn sizes: realistic, small or large")
+	seed := fs.Int64("seed", 0, "random seed; the same seed gives the same turns and ids (default: from the clock)")
+	profile := fs.String("profile", "", "profile id for every turn")
+	rate := fs.Float64("rate", 0, "turns per second across all conversations (0 = as fast as acks allow)")
+	wait := fs.Bool("wait", false, "measure end to end: until each conversation's last turn is readable via ctx.q.history")
+	waitTimeout := fs.Duration("wait-timeout", 10*time.Minute, "how long --wait waits in total")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected arguments %q", pos)
+	}
+	if *convs < 1 || *turns < 1 {
+		return usagef("--convs and --turns must be at least 1")
+	}
+	size, err := ParseSize(*sizeFlag)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	if *seed == 0 {
+		*seed = time.Now().UnixNano()
+	}
+	w := newWorkload(*seed, *convs, *turns, size, *profile, time.Now().UnixMilli())
+
+	nc, js, err := c.connect(jetstream.WithPublishAsyncMaxPending(window))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	fmt.Fprintf(c.stderr, "load: %d conversations × %d turns, size %s, seed %d\n", *convs, *turns, size, *seed)
+
+	var waiter *e2eWaiter
+	p := &publisher{js: js, rate: *rate, progress: newProgress(c.stderr, "published", *convs**turns)}
+	if *wait {
+		waiter = newE2EWaiter(ctx, nc, *waitTimeout)
+		p.onAck = func(t *schema.Turn, sent time.Time) {
+			if w.isLast(t) {
+				waiter.start(t.ConversationID, t.ID, sent)
+			}
+		}
+	}
+	st, err := p.run(ctx, w.next)
+	fmt.Fprintln(c.stderr, st.summary())
+	fmt.Fprintf(c.stderr, "publish ack latency p50 %s p99 %s\n",
+		percentile(st.Latencies, 50).Round(time.Microsecond), percentile(st.Latencies, 99).Round(time.Microsecond))
+	if err != nil {
+		return err
+	}
+	if waiter == nil {
+		return nil
+	}
+	res := waiter.wait()
+	total := st.Turns
+	secs := max(res.end.Sub(res.begin).Seconds(), 1e-9)
+	fmt.Fprintf(c.stderr, "end to end: %d/%d conversations readable, last-turn latency p50 %s p99 %s, %s turns/s end to end (%s)\n",
+		len(res.latencies), *convs, percentile(res.latencies, 50).Round(time.Millisecond),
+		percentile(res.latencies, 99).Round(time.Millisecond), thousands(int(float64(total)/secs)),
+		res.end.Sub(res.begin).Round(time.Millisecond))
+	if len(res.errs) > 0 {
+		return fmt.Errorf("%d conversations not readable: %w", len(res.errs), errors.Join(res.errs[:min(len(res.errs), 5)]...))
+	}
+	return nil
+}
+
+// workload interleaves the turns of many conversations as concurrent agents
+// would: each step picks a random conversation that still has turns and
+// takes its next one, so each conversation stays in order.
+type workload struct {
+	rng     *rand.Rand
+	gens    []*generator
+	convs   []string
+	left    []int
+	active  []int // indexes of conversations with turns left
+	turns   int
+	profile string
+	lastID  sync.Map // conv → id of its last turn
+}
+
+func convName(seed int64, i int) string { return fmt.Sprintf("load-%08x-%04d", uint32(seed), i) }
+
+func newWorkload(seed int64, convs, turns int, size Size, profile string, now int64) *workload {
+	w := &workload{rng: rand.New(rand.NewPCG(uint64(seed), 0x6c6f6164)), turns: turns, profile: profile}
+	for i := range convs {
+		name := convName(seed, i)
+		// Agents started within the last minute.
+		w.gens = append(w.gens, newGenerator(seed, name, size, now-60_000))
+		w.convs = append(w.convs, name)
+		w.left = append(w.left, turns)
+		w.active = append(w.active, i)
+	}
+	return w
+}
+
+func (w *workload) next() (schema.Turn, bool) {
+	if len(w.active) == 0 {
+		return schema.Turn{}, false
+	}
+	k := w.rng.IntN(len(w.active))
+	i := w.active[k]
+	w.left[i]--
+	last := w.left[i] == 0
+	t := w.gens[i].next(last)
+	if w.profile != "" {
+		t.ProfileID = w.profile
+	}
+	if last {
+		w.lastID.Store(t.ConversationID, t.ID)
+		w.active[k] = w.active[len(w.active)-1]
+		w.active = w.active[:len(w.active)-1]
+	}
+	return t, true
+}
+
+func (w *workload) isLast(t *schema.Turn) bool {
+	id, ok := w.lastID.Load(t.ConversationID)
+	return ok && id == t.ID
+}
+
+// e2eWaiter asks ctx.q.history with wait_for for each conversation's last
+// turn as soon as it is acked, and records publish → readable.
+type e2eWaiter struct {
+	ctx      context.Context
+	nc       *nats.Conn
+	deadline time.Time
+	begin    time.Time
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	res      e2eResult
+}
+
+type e2eResult struct {
+	begin, end time.Time
+	latencies  []time.Duration
+	errs       []error
+}
+
+func newE2EWaiter(ctx context.Context, nc *nats.Conn, timeout time.Duration) *e2eWaiter {
+	now := time.Now()
+	return &e2eWaiter{ctx: ctx, nc: nc, deadline: now.Add(timeout), begin: now}
+}
+
+func (e *e2eWaiter) start(conv, id string, sent time.Time) {
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		var err error
+		for {
+			left := time.Until(e.deadline)
+			if left <= 0 {
+				err = fmt.Errorf("%s: not readable in time", conv)
+				break
+			}
+			_, err = historyWait(e.ctx, e.nc, conv, id, min(left, schema.MaxQueryTimeout))
+			// timeout and not_found mean "not applied yet": the service is
+			// behind, so ask again until our own deadline.
+			var qe *schema.QueryErrorBody
+			if err == nil || !errors.As(err, &qe) || e.ctx.Err() != nil {
+				break
+			}
+			if qe.Code != schema.QueryTimeout && qe.Code != schema.QueryNotFound {
+				break
+			}
+			if qe.Code == schema.QueryNotFound {
+				select {
+				case <-time.After(200 * time.Millisecond):
+				case <-e.ctx.Done():
+				}
+			}
+		}
+		now := time.Now()
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if err != nil {
+			e.res.errs = append(e.res.errs, err)
+			return
+		}
+		e.res.latencies = append(e.res.latencies, now.Sub(sent))
+		if now.After(e.res.end) {
+			e.res.end = now
+		}
+	}()
+}
+
+func (e *e2eWaiter) wait() e2eResult {
+	e.wg.Wait()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.res.begin = e.begin
+	if e.res.end.IsZero() {
+		e.res.end = time.Now()
+	}
+	return e.res
+}

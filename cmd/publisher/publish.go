@@ -1,0 +1,322 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// window bounds the publishes in flight (sent, not yet acked).
+const window = 256
+
+func runPublish(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags()
+	conv := fs.String("conv", "", "conversation id (required)")
+	profile := fs.String("profile", "", "profile id for every turn (default: keep the file's, else the service default)")
+	format := fs.String("format", "auto", "transcript format: auto, turns, anthropic or openai")
+	systemFile := fs.String("system-file", "", "system prompt file (default: FILE's .system.txt sibling when it exists)")
+	rate := fs.Float64("rate", 0, "turns per second (0 = as fast as acks allow)")
+	wait := fs.Bool("wait", false, "then wait until ctxpipe has applied the last turn and print the effective history size")
+	waitTimeout := fs.Duration("wait-timeout", 60*time.Second, "how long --wait waits")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("want exactly one transcript FILE (- for stdin), got %d", len(pos))
+	}
+	if err := requireConv(*conv); err != nil {
+		return err
+	}
+	f, err := ParseFormat(*format)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	turns, err := loadTranscript(pos[0], f, *systemFile, PrepareOptions{Conv: *conv, Profile: *profile, Now: time.Now().UnixMilli()})
+	if err != nil {
+		return err
+	}
+
+	nc, js, err := c.connect(jetstream.WithPublishAsyncMaxPending(window))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	p := &publisher{js: js, rate: *rate, progress: newProgress(c.stderr, "published", len(turns))}
+	next := sliceSource(turns)
+	st, err := p.run(ctx, next)
+	fmt.Fprintln(c.stderr, st.summary())
+	if err != nil {
+		return err
+	}
+	if *wait {
+		last := turns[len(turns)-1]
+		reply, err := historyWait(ctx, nc, *conv, last.ID, *waitTimeout)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(c.stdout, "%s: %d effective messages after turn %s\n", *conv, len(reply.Messages), last.ID)
+	}
+	return nil
+}
+
+// loadTranscript reads, converts and prepares a transcript file.
+func loadTranscript(path string, f Format, systemFile string, o PrepareOptions) ([]schema.Turn, error) {
+	var (
+		data []byte
+		err  error
+	)
+	if path == "-" {
+		data, err = io.ReadAll(os.Stdin)
+	} else {
+		data, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read transcript: %w", err)
+	}
+	tr, err := ParseTranscript(data, f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if systemFile == "" && path != "-" {
+		// Our transcripts keep the system prompt beside the turns.
+		sib := strings.TrimSuffix(path, filepath.Ext(path)) + ".system.txt"
+		if _, err := os.Stat(sib); err == nil {
+			systemFile = sib
+		}
+	}
+	if systemFile != "" {
+		b, err := os.ReadFile(systemFile)
+		if err != nil {
+			return nil, fmt.Errorf("system prompt: %w", err)
+		}
+		o.SystemPrompt = strings.TrimRight(string(b), "\n")
+	}
+	turns, err := Prepare(tr, o)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return turns, nil
+}
+
+// source yields the turns to publish, in order; ok is false at the end.
+type source func() (t schema.Turn, ok bool)
+
+func sliceSource(turns []schema.Turn) source {
+	i := 0
+	return func() (schema.Turn, bool) {
+		if i == len(turns) {
+			return schema.Turn{}, false
+		}
+		i++
+		return turns[i-1], true
+	}
+}
+
+// publisher sends turns with asynchronous JetStream publishes, at most
+// window in flight, and collects the acks in order.
+type publisher struct {
+	js       jetstream.JetStream
+	rate     float64 // turns/s; 0 = unlimited
+	progress *progress
+	// onAck, if set, is called after each turn is acked (by the collector).
+	onAck func(t *schema.Turn, sent time.Time)
+}
+
+// pubStats is what a run measured.
+type pubStats struct {
+	Turns, Bytes, Duplicates, Failed int
+	Elapsed                          time.Duration
+	Latencies                        []time.Duration // send → ack, per turn
+}
+
+func (s pubStats) summary() string {
+	secs := s.Elapsed.Seconds()
+	if secs == 0 {
+		secs = 1e-9
+	}
+	line := fmt.Sprintf("published %s turns, %s in %s: %s turns/s, %.2f MB/s, %s duplicates",
+		thousands(s.Turns), mb(s.Bytes), s.Elapsed.Round(time.Millisecond),
+		thousands(int(float64(s.Turns)/secs)), float64(s.Bytes)/1e6/secs, thousands(s.Duplicates))
+	if s.Failed > 0 {
+		line += fmt.Sprintf(", %d FAILED", s.Failed)
+	}
+	return line
+}
+
+type inflight struct {
+	turn schema.Turn
+	subj string
+	data []byte
+	sent time.Time
+	fut  jetstream.PubAckFuture
+}
+
+func (p *publisher) run(ctx context.Context, next source) (pubStats, error) {
+	var (
+		st   pubStats
+		mu   sync.Mutex
+		errs []error
+	)
+	start := time.Now()
+	queue := make(chan inflight, window)
+	done := make(chan struct{})
+	go func() { // collector: acks arrive (nearly) in publish order
+		defer close(done)
+		for f := range queue {
+			ack, err := p.await(ctx, f)
+			mu.Lock()
+			st.Latencies = append(st.Latencies, time.Since(f.sent))
+			if err != nil {
+				st.Failed++
+				if len(errs) < 5 {
+					errs = append(errs, err)
+				}
+			} else {
+				st.Turns++
+				st.Bytes += len(f.data)
+				if ack.Duplicate {
+					st.Duplicates++
+				}
+			}
+			p.progress.update(st.Turns, st.Bytes, st.Duplicates)
+			mu.Unlock()
+			if err == nil && p.onAck != nil {
+				p.onAck(&f.turn, f.sent)
+			}
+		}
+	}()
+
+	var sendErr error
+	for i := 0; ; i++ {
+		t, ok := next()
+		if !ok {
+			break
+		}
+		if p.rate > 0 {
+			due := start.Add(time.Duration(float64(i) / p.rate * float64(time.Second)))
+			if d := time.Until(due); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+				}
+			}
+		}
+		if ctx.Err() != nil {
+			sendErr = ctx.Err()
+			break
+		}
+		data, err := schema.Marshal(t)
+		if err != nil {
+			sendErr = fmt.Errorf("encode turn %s: %w", t.ID, err)
+			break
+		}
+		subj := schema.InputSubject(t.ConversationID, schema.KindTurn)
+		fut, err := p.js.PublishAsync(subj, data, jetstream.WithMsgID(t.ID),
+			jetstream.WithExpectStream(bus.StreamIn), jetstream.WithStallWait(30*time.Second))
+		if err != nil {
+			sendErr = fmt.Errorf("publish %s: %w", subj, err)
+			break
+		}
+		queue <- inflight{turn: t, subj: subj, data: data, sent: time.Now(), fut: fut}
+	}
+	close(queue)
+	<-done
+	st.Elapsed = time.Since(start)
+	p.progress.finish()
+	if sendErr != nil {
+		return st, sendErr
+	}
+	if len(errs) > 0 {
+		return st, fmt.Errorf("%d turns not acked: %w", st.Failed, errors.Join(errs...))
+	}
+	return st, nil
+}
+
+// await waits for one ack. A failed async publish is retried synchronously:
+// the Nats-Msg-Id makes a retry safe (JetStream reports it as a duplicate if
+// the first copy was stored after all).
+func (p *publisher) await(ctx context.Context, f inflight) (*jetstream.PubAck, error) {
+	var err error
+	select {
+	case ack := <-f.fut.Ok():
+		return ack, nil
+	case err = <-f.fut.Err():
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	for attempt := 0; attempt < 3 && ctx.Err() == nil; attempt++ {
+		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) {
+			return nil, fmt.Errorf("publish %s: no stream stores %s (is ctxpipe running, or CTX_IN created?): %w", f.turn.ID, f.subj, err)
+		}
+		var ack *jetstream.PubAck
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ack, err = bus.PublishInput(pctx, p.js, f.subj, f.turn.ID, f.data)
+		cancel()
+		if err == nil {
+			return ack, nil
+		}
+	}
+	return nil, err
+}
+
+// historyWait asks ctx.q.history for conv once input id has been applied.
+func historyWait(ctx context.Context, nc *nats.Conn, conv, id string, timeout time.Duration) (*schema.HistoryReply, error) {
+	req := schema.HistoryRequest{ConversationID: conv, View: schema.ViewEffective, WaitFor: id,
+		TimeoutMS: min(timeout, schema.MaxQueryTimeout).Milliseconds()}
+	var reply schema.HistoryReply
+	if err := query(ctx, nc, schema.SubjectHistory, req, timeout+5*time.Second, &reply); err != nil {
+		return nil, err
+	}
+	return &reply, nil
+}
+
+// query sends a request and decodes the reply; a reply {"error":…} comes
+// back wrapped in errQueryFailed.
+func query(ctx context.Context, nc *nats.Conn, subject string, req any, timeout time.Duration, reply any) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	msg, err := nc.RequestWithContext(rctx, subject, body)
+	if err != nil {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return fmt.Errorf("%s: no responders (is ctxpipe running?): %w", subject, err)
+		}
+		return fmt.Errorf("%s: %w", subject, err)
+	}
+	if err := schema.DecodeQueryReply(msg.Data, reply); err != nil {
+		var qe *schema.QueryErrorBody
+		if errors.As(err, &qe) {
+			return fmt.Errorf("%w: %w", errQueryFailed, qe)
+		}
+		return err
+	}
+	return nil
+}
+
+// percentile returns the p-th percentile (0–100) of ds (sorted in place).
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	i := int(float64(len(ds)-1) * p / 100)
+	return ds[i]
+}

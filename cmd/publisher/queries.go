@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// runControl returns the command that publishes a condense, overflow or
+// rewind input.
+func runControl(kind schema.InputKind) func(context.Context, *cli, []string) error {
+	return func(ctx context.Context, c *cli, args []string) error {
+		fs := c.flags()
+		conv := fs.String("conv", "", "conversation id (required)")
+		var (
+			ts            *int64
+			includeTarget *bool
+		)
+		if kind == schema.KindRewind {
+			ts = fs.Int64("ts", 0, "cutoff timestamp, Unix ms (required): the turn at this ts and later are undone")
+			includeTarget = fs.Bool("include-target", false, "also remove the turn at exactly --ts")
+		}
+		pos, err := parse(fs, args)
+		if err != nil {
+			return err
+		}
+		if len(pos) > 0 {
+			return usagef("unexpected arguments %q", pos)
+		}
+		if err := requireConv(*conv); err != nil {
+			return err
+		}
+		in := schema.Input{Kind: kind, ID: uuid.NewString(), TS: time.Now().UnixMilli()}
+		switch kind {
+		case schema.KindCondense:
+			in.Trigger = schema.TriggerManual
+		case schema.KindRewind:
+			if *ts <= 0 {
+				return usagef("--ts is required (the cutoff, Unix ms)")
+			}
+			in.TS, in.IncludeTarget = *ts, *includeTarget
+		}
+		data, err := schema.ControlPayload(in)
+		if err != nil {
+			return err
+		}
+		nc, js, err := c.connect()
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		subj := schema.InputSubject(*conv, kind)
+		ack, err := bus.PublishInput(pctx, js, subj, in.ID, data)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(c.stdout, in.ID)
+		fmt.Fprintf(c.stderr, "published %s to %s (stream %s seq %d)\n", kind, subj, ack.Stream, ack.Sequence)
+		return nil
+	}
+}
+
+func runHistory(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags()
+	conv := fs.String("conv", "", "conversation id (required)")
+	view := fs.String("view", "effective", "effective (what the agent sends its model) or full (everything, with tags)")
+	waitFor := fs.String("wait-for", "", "input id: wait until ctxpipe has applied it")
+	timeout := fs.Duration("timeout", 30*time.Second, "how long to wait for the reply")
+	asJSON := fs.Bool("json", false, "print the raw JSON reply")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected arguments %q", pos)
+	}
+	if err := requireConv(*conv); err != nil {
+		return err
+	}
+	req := schema.HistoryRequest{ConversationID: *conv, View: schema.View(*view), WaitFor: *waitFor}
+	if *waitFor != "" {
+		req.TimeoutMS = min(*timeout, schema.MaxQueryTimeout).Milliseconds()
+	}
+	if err := req.Validate(); err != nil {
+		return usageError{err.Error()}
+	}
+	nc, _, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	var reply json.RawMessage
+	if err := query(ctx, nc, schema.SubjectHistory, req, *timeout+5*time.Second, &reply); err != nil {
+		return err
+	}
+	if *asJSON {
+		_, err := fmt.Fprintf(c.stdout, "%s\n", reply)
+		return err
+	}
+	var h schema.HistoryReply
+	if err := json.Unmarshal(reply, &h); err != nil {
+		return fmt.Errorf("decode history: %w", err)
+	}
+	printHistory(c.stdout, &h)
+	return nil
+}
+
+func printHistory(w io.Writer, h *schema.HistoryReply) {
+	total := 0
+	for i := range h.Messages {
+		m := &h.Messages[i]
+		total += m.Tokens
+		fmt.Fprintf(w, "%s  %-9s %-24s %7s  %s\n", time.UnixMilli(m.TS).Format("2006-01-02 15:04:05"),
+			m.Role, tags(m), thousands(m.Tokens), preview(m.Content, 80))
+	}
+	fmt.Fprintf(w, "%s: %d messages (%s view), %s tokens\n", h.ConversationID, len(h.Messages), h.View, thousands(total))
+}
+
+// tags summarizes a stored message's non-destructive tags.
+func tags(m *schema.Message) string {
+	var t []string
+	if m.IsSummary {
+		t = append(t, "summary")
+	}
+	if m.IsTruncationMarker {
+		t = append(t, "marker")
+	}
+	if m.CondenseParent != "" {
+		t = append(t, "condensed")
+	}
+	if m.TruncationParent != "" {
+		t = append(t, "truncated")
+	}
+	if len(t) == 0 {
+		return "-"
+	}
+	return "[" + strings.Join(t, ",") + "]"
+}
+
+// preview is a one-line description of content, at most n runes.
+func preview(c schema.Content, n int) string {
+	var parts []string
+	for _, b := range c.BlocksOf() {
+		switch b.Type {
+		case schema.BlockText:
+			parts = append(parts, b.Text)
+		case schema.BlockReasoning:
+			parts = append(parts, "(thinking) "+b.Text)
+		case schema.BlockToolUse:
+			parts = append(parts, b.Name+string(b.Input))
+		case schema.BlockToolResult:
+			s := "result"
+			if b.IsError {
+				s = "error"
+			}
+			if b.Content != nil {
+				s += ": " + preview(*b.Content, n)
+			}
+			parts = append(parts, s)
+		case schema.BlockImage:
+			parts = append(parts, "[image]")
+		}
+	}
+	s := strings.Join(strings.Fields(strings.Join(parts, " | ")), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+func runStatus(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags()
+	conv := fs.String("conv", "", "conversation id (required)")
+	asJSON := fs.Bool("json", false, "print the raw JSON reply")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected arguments %q", pos)
+	}
+	if err := requireConv(*conv); err != nil {
+		return err
+	}
+	nc, _, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	var reply json.RawMessage
+	if err := query(ctx, nc, schema.SubjectStatus, schema.StatusRequest{ConversationID: *conv}, 10*time.Second, &reply); err != nil {
+		return err
+	}
+	if *asJSON {
+		_, err := fmt.Fprintf(c.stdout, "%s\n", reply)
+		return err
+	}
+	var s schema.StatusReply
+	if err := json.Unmarshal(reply, &s); err != nil {
+		return fmt.Errorf("decode status: %w", err)
+	}
+	fmt.Fprintf(c.stdout, "conversation   %s\nprofile        %s\ncontext        %s / %s tokens (%.1f%%; allowed %s, threshold %d%%)\n"+
+		"messages       %d (%d hidden)\ncondensations  %d\ntruncations    %d\n",
+		s.ConversationID, s.ProfileID, thousands(s.ContextTokens), thousands(s.ContextWindow), s.Percent,
+		thousands(s.AllowedTokens), s.Threshold, s.Messages, s.HiddenMessages, s.Condensations, s.Truncations)
+	return nil
+}
