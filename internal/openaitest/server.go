@@ -8,8 +8,9 @@
 //
 //  1. the queue filled by Enqueue (one reply per request, first in first out);
 //  2. the function set by SetHandler;
-//  3. a deterministic default: "Summary of N messages." plus an excerpt of the
-//     last user message, with usage estimated from the request's size.
+//  3. a deterministic default: "Summary of N messages." (system message not
+//     counted) plus the first line of the first user message, with usage
+//     estimated from the request's size.
 //
 // A Reply can also script failures: an HTTP status with an OpenAI-style error
 // body, a Retry-After header, a raw (for example malformed) body, or a delay.
@@ -282,23 +283,24 @@ func (s *Server) next(req openai.ChatCompletionRequest) Reply {
 }
 
 // DefaultReply is what the server answers when nothing is scripted: a short
-// summary that names how many messages it was given and quotes the start of
-// the last user message, so end-to-end tests can see which request produced it.
+// summary that names how many non-system messages it was given and quotes the
+// first line of the first user message (at most 80 characters), so end-to-end
+// tests can see which request produced it.
 func DefaultReply(req openai.ChatCompletionRequest) Reply {
 	n := 0
-	last := ""
+	first := ""
 	for _, m := range req.Messages {
 		if m.Role == openai.ChatMessageRoleSystem {
 			continue
 		}
 		n++
-		if m.Role == openai.ChatMessageRoleUser {
-			last = m.Content
+		if m.Role == openai.ChatMessageRoleUser && first == "" {
+			first = m.Content
 		}
 	}
 	text := fmt.Sprintf("Summary of %d messages.", n)
-	if excerpt := firstLine(last, 80); excerpt != "" {
-		text += " Last request: " + excerpt
+	if excerpt := firstLine(first, 80); excerpt != "" {
+		text += " First request: " + excerpt
 	}
 	return Reply{Text: text}
 }

@@ -37,7 +37,7 @@ func TestDefaultReply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := resp.Choices[0].Message.Content, "Summary of 3 messages. Last request: summarize"; got != want {
+	if got, want := resp.Choices[0].Message.Content, "Summary of 3 messages. First request: fix the bug"; got != want {
 		t.Errorf("content = %q, want %q", got, want)
 	}
 	if resp.Model != "gpt-test" || resp.Object != "chat.completion" || resp.ID == "" {
