@@ -196,7 +196,8 @@ func filesFromSummary(s string) []string {
 }
 
 // Keys of tool inputs that name files directly.
-var pathKeys = []string{"path", "file_path", "filepath", "filename", "file", "target_file", "paths", "files"}
+var pathKeys = []string{"path", "file_path", "filepath", "filename", "file_name", "file", "target_file",
+	"notebook_path", "paths", "files", "dir", "directory", "dir_path"}
 
 // Keys of tool inputs that hold a shell command.
 var commandKeys = []string{"command", "cmd", "script"}
@@ -212,7 +213,7 @@ func (f *facts) toolUse(b schema.Block) {
 	_ = json.Unmarshal(b.Input, &input) // not an object: no paths or command to read
 	for _, k := range pathKeys {
 		for _, p := range stringsOf(input[k]) {
-			if p = cleanPath(p); p != "" {
+			if p = explicitPath(p); p != "" {
 				f.note(f.files, p)
 			}
 		}
@@ -361,6 +362,16 @@ func cleanPath(w string) string {
 		return ""
 	}
 	return w
+}
+
+// explicitPath accepts the value of a key that names a file or directory,
+// which needs no extension or slash to count as one.
+func explicitPath(p string) string {
+	p = strings.TrimPrefix(strings.TrimSpace(p), "./")
+	if p == "" || p == "." || len(p) > 200 || strings.HasPrefix(p, "-") || !pathChars.MatchString(p) {
+		return ""
+	}
+	return p
 }
 
 var pathChars = regexp.MustCompile(`^[A-Za-z0-9_./~+@-]+$`)

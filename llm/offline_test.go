@@ -177,6 +177,7 @@ func TestOfflineSynthetic(t *testing.T) {
 		{Turn: schema.Turn{Role: schema.RoleAssistant, Content: schema.BlockContent(
 			schema.Block{Type: schema.BlockText, Text: "I will open the parser first and then run the tests."},
 			schema.Block{Type: schema.BlockToolUse, ID: "c1", Name: "read_file", Input: json.RawMessage(`{"path":"src/parser.go"}`)},
+			schema.Block{Type: schema.BlockToolUse, ID: "c0", Name: "find_file", Input: json.RawMessage(`{"file_name":"lexer.go","dir":"internal"}`)},
 			schema.Block{Type: schema.BlockToolUse, ID: "c2", Name: "bash", Input: json.RawMessage(`{"command":"cd /repo && python -m pytest tests/test_parse.py -q 2>&1 | tail -5"}`)},
 		)}},
 		{Turn: schema.Turn{Role: schema.RoleUser, Content: schema.BlockContent(
@@ -191,12 +192,12 @@ func TestOfflineSynthetic(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"of 6 messages (2 tool calls, 1 failed)",
+		"of 6 messages (3 tool calls, 1 failed)",
 		"> Make the parser handle empty input.",
 		"Earlier summary (start):",
-		"- src/parser.go", "- /repo", "- tests/test_parse.py", "- old/kept.go",
-		"Tools used: bash (1), read_file (1)",
-		"File types: .go (2), .py (1)",
+		"- src/parser.go", "- lexer.go", "- internal\n", "- /repo", "- tests/test_parse.py", "- old/kept.go",
+		"Tools used: bash (1), find_file (1), read_file (1)",
+		"File types: .go (3), .py (1)",
 		"- `read_file {\"path\":\"src/parser.go\"}`",
 		"Last command: `cd /repo && python -m pytest tests/test_parse.py -q 2>&1 | tail -5`",
 		"c2 (`cd /repo && python -m pytest tests/test_parse.py …`): exit 1: ZeroDivisionError: division by zero",
