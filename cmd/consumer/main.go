@@ -1,0 +1,35 @@
+// Command consumer is the ctxpipe service. With no flags it runs on embedded
+// defaults: an in-process NATS server with JetStream (listening on
+// 127.0.0.1:4222 so clients and the nats CLI can connect), a SQLite file and
+// the offline condenser, all under ./data. --nats-url connects to an
+// external server instead.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	m := NewMain()
+	if err := m.ParseFlags(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "consumer:", err)
+		os.Exit(2)
+	}
+	if err := m.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "consumer:", err)
+		_ = m.Close()
+		os.Exit(1)
+	}
+	<-ctx.Done()
+	stop() // a second signal now kills the process at once
+	if err := m.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "consumer: shutdown:", err)
+		os.Exit(1)
+	}
+}

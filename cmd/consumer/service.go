@@ -1,0 +1,371 @@
+package main
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/llm"
+	"github.com/ctxpipe/ctxpipe/pipeline"
+	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/stages"
+	"github.com/ctxpipe/ctxpipe/store"
+)
+
+//go:embed profiles.json
+var defaultProfiles []byte
+
+// Config is the service's configuration; flags override DefaultConfig.
+type Config struct {
+	DataDir      string // SQLite file and the embedded server's JetStream store
+	Listen       string // embedded server address; "" disables the TCP listener
+	HTTP         string // /metrics and /healthz; "" disables
+	ProfilesFile string // seeds the profiles bucket; the built-in set when ""
+	LogLevel     string
+	LogFormat    string // text or json
+	NATS         bus.ConnConfig
+	Globals      schema.Globals
+	Pipeline     pipeline.Config
+}
+
+// DefaultConfig runs everything embedded under ./data.
+func DefaultConfig() Config {
+	return Config{
+		DataDir:   "data",
+		Listen:    "127.0.0.1:4222",
+		HTTP:      "127.0.0.1:9464",
+		LogLevel:  "info",
+		LogFormat: "text",
+		Globals:   schema.DefaultGlobals(),
+		Pipeline:  pipeline.DefaultConfig(),
+	}
+}
+
+// Main is the running service: what it opened, so Close can undo it in order.
+type Main struct {
+	Config Config
+	Log    *slog.Logger
+
+	ns          *server.Server
+	nc          *nats.Conn
+	store       *store.Store
+	relay       *store.Relay
+	runner      *pipeline.Runner
+	metrics     *pipeline.Metrics
+	http        *http.Server
+	queries     func() error
+	cancel      context.CancelFunc
+	cancelRelay context.CancelFunc
+	runDone     chan error
+	relayEnd    chan error
+}
+
+// NewMain returns a Main with the default configuration.
+func NewMain() *Main { return &Main{Config: DefaultConfig()} }
+
+// ParseFlags reads the command line into m.Config.
+func (m *Main) ParseFlags(args []string) error {
+	c := &m.Config
+	fs := flag.NewFlagSet("consumer", flag.ContinueOnError)
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the SQLite file and the embedded server's JetStream store")
+	fs.StringVar(&c.Listen, "listen", c.Listen, "address of the embedded NATS server (ignored with --nats-url)")
+	fs.StringVar(&c.HTTP, "http", c.HTTP, `address for /metrics and /healthz ("" disables)`)
+	fs.StringVar(&c.ProfilesFile, "profiles", c.ProfilesFile, "JSON array of profiles that seeds the ctx_profiles bucket (built-in set when empty)")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
+	fs.BoolVar(&c.Globals.AutoCondense, "auto-condense", c.Globals.AutoCondense, "condense automatically when a profile does not say (Roo's autoCondenseContext)")
+	fs.IntVar(&c.Globals.AutoCondensePercent, "condense-percent", c.Globals.AutoCondensePercent, "global condense threshold, percent of the window (Roo's autoCondenseContextPercent, 5-100)")
+	fs.IntVar(&c.Pipeline.Lanes, "lanes", c.Pipeline.Lanes, "conversations applied at once")
+	fs.DurationVar(&c.Pipeline.AckWait, "ack-wait", c.Pipeline.AckWait, "JetStream ack wait (in-progress acks every third of it)")
+	fs.IntVar(&c.Pipeline.MaxDeliver, "max-deliver", c.Pipeline.MaxDeliver, "deliveries before an input is rejected as poison")
+	fs.DurationVar(&c.Pipeline.ShutdownTimeout, "shutdown-timeout", c.Pipeline.ShutdownTimeout, "how long a graceful stop may take")
+	c.NATS.RegisterFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	// The shared flag defaults to the standard local URL for clients; the
+	// service runs its embedded server unless a URL is asked for.
+	explicit := os.Getenv("NATS_URL") != ""
+	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "nats-url" })
+	if !explicit {
+		c.NATS.URL = ""
+	}
+	if p := c.Globals.AutoCondensePercent; p < schema.MinCondenseThreshold || p > schema.MaxCondenseThreshold {
+		return fmt.Errorf("--condense-percent %d must be in [%d, %d]", p, schema.MinCondenseThreshold, schema.MaxCondenseThreshold)
+	}
+	return c.Pipeline.Validate()
+}
+
+func (m *Main) logger() *slog.Logger {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(m.Config.LogLevel)); err != nil {
+		lvl = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	if m.Config.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+// Run starts the service and returns once it is consuming.
+func (m *Main) Run(ctx context.Context) error {
+	c := m.Config
+	if m.Log == nil {
+		m.Log = m.logger()
+	}
+	log := m.Log
+	if err := os.MkdirAll(c.DataDir, 0o755); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	if err := m.connect(); err != nil {
+		return err
+	}
+	js, err := jetstream.New(m.nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	if err := bus.EnsureStreams(ctx, js); err != nil {
+		return err
+	}
+	kv, err := bus.EnsureProfiles(ctx, js)
+	if err != nil {
+		return err
+	}
+	seed, err := m.seedProfiles()
+	if err != nil {
+		return err
+	}
+	if err := pipeline.SeedProfiles(ctx, kv, seed); err != nil {
+		return err
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	m.cancel = cancel
+	profiles, err := pipeline.WatchProfiles(runCtx, kv, log)
+	if err != nil {
+		return err
+	}
+	dbPath := filepath.Join(c.DataDir, "ctxpipe.db")
+	if m.store, err = store.Open(ctx, dbPath); err != nil {
+		return err
+	}
+	m.metrics = pipeline.NewMetrics()
+	llmCfg := llm.ConfigFromEnv()
+	engine := stages.NewEngine(llm.NewRouter(llmCfg, log))
+	engine.Globals, engine.Log = c.Globals, log
+	engine.Progress = pipeline.ProgressPublisher(js, log)
+	m.relay = store.NewRelay(m.store, pipeline.JetStreamPublisher{JS: js}, log, store.RelayOptions{})
+	m.runner, err = pipeline.New(c.Pipeline, pipeline.Deps{
+		JS: js, Store: m.store, Engine: engine, Profiles: profiles, Relay: m.relay, Log: log, Metrics: m.metrics,
+	})
+	if err != nil {
+		return err
+	}
+	m.metrics.Gauge("ctxpipe_outbox_pending", "Events committed but not yet published.", func(ctx context.Context) (float64, error) {
+		n, err := m.relay.Pending(ctx)
+		return float64(n), err
+	})
+	m.metrics.Gauge("ctxpipe_inputs_held", "Inputs fetched and not yet acked (queued in lanes or being applied).", func(context.Context) (float64, error) {
+		return float64(m.runner.Held()), nil
+	})
+	m.metrics.Gauge("ctxpipe_conversations", "Conversations stored.", func(ctx context.Context) (float64, error) {
+		n, err := m.store.ConversationCount(ctx)
+		return float64(n), err
+	})
+	if m.queries, err = m.runner.ServeQueries(runCtx, m.nc); err != nil {
+		return fmt.Errorf("serve queries: %w", err)
+	}
+	// The relay outlives the runner: Close flushes it after the last commit.
+	relayCtx, cancelRelay := context.WithCancel(context.WithoutCancel(ctx))
+	m.cancelRelay = cancelRelay
+	m.relayEnd = make(chan error, 1)
+	go func() { m.relayEnd <- m.relay.Run(relayCtx) }()
+	m.runDone = make(chan error, 1)
+	go func() { m.runDone <- m.runner.Run(runCtx) }()
+	if err := m.serveHTTP(); err != nil {
+		return err
+	}
+	endpoint := "offline extractive condenser"
+	if llmCfg.BaseURL != "" || llmCfg.Model != "" {
+		endpoint = strings.TrimSpace(llmCfg.BaseURL + " " + llmCfg.Model)
+	}
+	log.Info("ctxpipe running", "nats", m.nc.ConnectedUrlRedacted(), "db", dbPath, "http", c.HTTP,
+		"profiles", len(profiles.IDs()), "condenser", endpoint)
+	return nil
+}
+
+// connect starts the embedded server, or connects to --nats-url.
+func (m *Main) connect() error {
+	c := m.Config
+	if c.NATS.URL != "" {
+		nc, err := bus.Connect(c.NATS, nats.Name("ctxpipe-consumer"))
+		if err != nil {
+			return err
+		}
+		m.nc = nc
+		return nil
+	}
+	opts := &server.Options{
+		ServerName: "ctxpipe-embedded",
+		JetStream:  true,
+		StoreDir:   filepath.Join(c.DataDir, "nats"),
+		MaxPayload: bus.MaxMsgSize,
+		NoSigs:     true,
+		DontListen: c.Listen == "",
+	}
+	if c.Listen != "" {
+		host, port, err := net.SplitHostPort(c.Listen)
+		if err != nil {
+			return fmt.Errorf("--listen %q: %w", c.Listen, err)
+		}
+		opts.Host = host
+		if opts.Port, err = strconv.Atoi(port); err != nil {
+			return fmt.Errorf("--listen %q: bad port", c.Listen)
+		}
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return fmt.Errorf("embedded nats server: %w", err)
+	}
+	ns.SetLoggerV2(natsLogger{m.Log}, false, false, false)
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return fmt.Errorf("embedded nats server did not start on %s (is the port taken? use --listen or --nats-url)", c.Listen)
+	}
+	m.ns = ns
+	nc, err := nats.Connect("", nats.InProcessServer(ns), nats.Name("ctxpipe-consumer"))
+	if err != nil {
+		return fmt.Errorf("connect to the embedded server: %w", err)
+	}
+	m.nc = nc
+	return nil
+}
+
+func (m *Main) seedProfiles() ([]schema.Profile, error) {
+	data, src := defaultProfiles, "built-in profiles"
+	if f := m.Config.ProfilesFile; f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("profiles: %w", err)
+		}
+		data, src = b, f
+	}
+	var ps []schema.Profile
+	if err := json.Unmarshal(data, &ps); err != nil {
+		return nil, fmt.Errorf("%s: %w", src, err)
+	}
+	for i := range ps {
+		if err := ps[i].Validate(); err != nil {
+			return nil, fmt.Errorf("%s: %w", src, err)
+		}
+	}
+	return ps, nil
+}
+
+func (m *Main) serveHTTP() error {
+	if m.Config.HTTP == "" {
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.metrics.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if m.nc.Status() != nats.CONNECTED {
+			http.Error(w, "nats: "+m.nc.Status().String(), http.StatusServiceUnavailable)
+			return
+		}
+		if _, err := m.store.ConversationCount(r.Context()); err != nil {
+			http.Error(w, "sqlite: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	ln, err := net.Listen("tcp", m.Config.HTTP)
+	if err != nil {
+		return fmt.Errorf("--http %s: %w", m.Config.HTTP, err)
+	}
+	m.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := m.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			m.Log.Error("http server", "err", err)
+		}
+	}()
+	return nil
+}
+
+// Close stops the service in order: stop fetching and let the lanes finish
+// (or give back) what they hold, stop answering queries, flush the outbox,
+// close SQLite, drain NATS, stop the embedded server.
+func (m *Main) Close() error {
+	var errs []error
+	if m.cancel != nil {
+		m.cancel()
+	}
+	if m.runDone != nil {
+		errs = append(errs, <-m.runDone)
+	}
+	if m.queries != nil {
+		errs = append(errs, m.queries())
+	}
+	if m.relayEnd != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		errs = append(errs, m.relay.Flush(ctx))
+		cancel()
+		m.cancelRelay()
+		errs = append(errs, <-m.relayEnd)
+	}
+	if m.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		errs = append(errs, m.http.Shutdown(ctx))
+		cancel()
+	}
+	if m.store != nil {
+		errs = append(errs, m.store.Close())
+	}
+	if m.nc != nil {
+		errs = append(errs, m.nc.Drain())
+	}
+	if m.ns != nil {
+		m.ns.Shutdown()
+		m.ns.WaitForShutdown()
+	}
+	var out []error
+	for _, e := range errs {
+		if e != nil && !errors.Is(e, context.Canceled) {
+			out = append(out, e)
+		}
+	}
+	if m.Log != nil {
+		m.Log.Info("ctxpipe stopped")
+	}
+	return errors.Join(out...)
+}
+
+// natsLogger sends the embedded server's notices and errors to slog.
+type natsLogger struct{ l *slog.Logger }
+
+func (n natsLogger) Noticef(format string, v ...any) { n.l.Debug("nats: " + fmt.Sprintf(format, v...)) }
+func (n natsLogger) Warnf(format string, v ...any)   { n.l.Warn("nats: " + fmt.Sprintf(format, v...)) }
+func (n natsLogger) Fatalf(format string, v ...any)  { n.l.Error("nats: " + fmt.Sprintf(format, v...)) }
+func (n natsLogger) Errorf(format string, v ...any)  { n.l.Error("nats: " + fmt.Sprintf(format, v...)) }
+func (n natsLogger) Debugf(format string, v ...any)  { n.l.Debug("nats: " + fmt.Sprintf(format, v...)) }
+func (n natsLogger) Tracef(format string, v ...any)  {}

@@ -1,0 +1,94 @@
+package pipeline
+
+import (
+	"fmt"
+	"time"
+)
+
+// Config tunes the runner. Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	// Consumer is the durable pull consumer's name on CTX_IN.
+	Consumer string
+	// Lanes is how many conversations are worked on at once.
+	Lanes int
+	// LaneBuffer is how many inputs may wait in one lane.
+	LaneBuffer int
+	// LaneBatch is how many waiting inputs a lane applies before one commit.
+	LaneBatch int
+	// MaxBatch caps the inputs (across lanes) in one SQLite transaction.
+	MaxBatch int
+	// AckWait is the consumer's ack wait; in-progress acks are sent every
+	// third of it while an input is held.
+	AckWait time.Duration
+	// MaxDeliver: an input delivered this many times is rejected as poison.
+	MaxDeliver int
+	// RetryBudget bounds how long a lane retries a transient failure.
+	RetryBudget time.Duration
+	// MaxInputBytes rejects larger payloads (too_large).
+	MaxInputBytes int
+	// ShutdownTimeout bounds a graceful stop.
+	ShutdownTimeout time.Duration
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{
+		Consumer:        "ctxpipe",
+		Lanes:           64,
+		LaneBuffer:      256,
+		LaneBatch:       64,
+		MaxBatch:        1024,
+		AckWait:         30 * time.Second,
+		MaxDeliver:      10,
+		RetryBudget:     2 * time.Minute,
+		MaxInputBytes:   4 << 20,
+		ShutdownTimeout: 20 * time.Second,
+	}
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Consumer == "" {
+		c.Consumer = d.Consumer
+	}
+	if c.Lanes <= 0 {
+		c.Lanes = d.Lanes
+	}
+	if c.LaneBuffer <= 0 {
+		c.LaneBuffer = d.LaneBuffer
+	}
+	if c.LaneBatch <= 0 {
+		c.LaneBatch = d.LaneBatch
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = d.MaxBatch
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = d.AckWait
+	}
+	if c.MaxDeliver <= 0 {
+		c.MaxDeliver = d.MaxDeliver
+	}
+	if c.RetryBudget <= 0 {
+		c.RetryBudget = d.RetryBudget
+	}
+	if c.MaxInputBytes <= 0 {
+		c.MaxInputBytes = d.MaxInputBytes
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = d.ShutdownTimeout
+	}
+	return c
+}
+
+// Validate reports settings that cannot work together.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	if c.AckWait < time.Second {
+		return fmt.Errorf("ack wait %v is too short: in-progress acks need at least 1s", c.AckWait)
+	}
+	if c.MaxDeliver < 2 {
+		return fmt.Errorf("max deliver %d leaves no room for a redelivery", c.MaxDeliver)
+	}
+	return nil
+}

@@ -1,0 +1,500 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/stages"
+	"github.com/ctxpipe/ctxpipe/store"
+)
+
+// Deps are the runner's collaborators.
+type Deps struct {
+	JS       jetstream.JetStream
+	Store    *store.Store
+	Engine   *stages.Engine
+	Profiles *Profiles
+	// Relay is kicked after every commit so events leave at once; optional.
+	Relay   *store.Relay
+	Log     *slog.Logger
+	Metrics *Metrics
+}
+
+// Runner consumes CTX_IN and applies each input.
+type Runner struct {
+	cfg Config
+	Deps
+	waiters *waiters
+
+	lanes   []chan *job
+	commits chan *commitReq
+
+	heldMu sync.Mutex
+	held   map[*job]struct{}
+}
+
+// job is one fetched JetStream message on its way through a lane.
+type job struct {
+	msg     jetstream.Msg
+	conv    string // the subject's conversation token, "" when unreadable
+	seq     uint64 // stream sequence: the id of last resort
+	deliver uint64 // delivery count
+	touched time.Time
+}
+
+// New returns a runner; Run starts it.
+func New(cfg Config, d Deps) (*Runner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if d.JS == nil || d.Store == nil || d.Engine == nil || d.Profiles == nil {
+		return nil, errors.New("pipeline: JS, Store, Engine and Profiles are required")
+	}
+	if d.Log == nil {
+		d.Log = slog.Default()
+	}
+	r := &Runner{cfg: cfg, Deps: d, waiters: newWaiters(), held: map[*job]struct{}{}}
+	r.Metrics.Help("ctxpipe_inputs_total", "Inputs by outcome (applied, rejected, duplicate).")
+	r.Metrics.Help("ctxpipe_events_total", "Events committed to the outbox, by type.")
+	r.Metrics.Help("ctxpipe_retries_total", "Lane retries of transient failures.")
+	r.Metrics.Help("ctxpipe_commits_total", "SQLite transactions committed.")
+	return r, nil
+}
+
+// ConsumerConfig is the durable pull consumer the runner uses.
+func (r *Runner) ConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       r.cfg.Consumer,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       r.cfg.AckWait,
+		MaxDeliver:    r.cfg.MaxDeliver,
+		MaxAckPending: r.cfg.Lanes*r.cfg.LaneBuffer + r.cfg.MaxBatch,
+		FilterSubject: bus.InputSubjects,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+}
+
+// Run consumes until ctx is done, then stops gracefully: no new fetches,
+// lanes finish (or give back, past ShutdownTimeout) what they hold, and the
+// last commits complete. It returns nil after a graceful stop.
+func (r *Runner) Run(ctx context.Context) error {
+	cons, err := r.JS.CreateOrUpdateConsumer(ctx, bus.StreamIn, r.ConsumerConfig())
+	if err != nil {
+		return fmt.Errorf("create consumer %s: %w", r.cfg.Consumer, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(min(r.cfg.Lanes*r.cfg.LaneBuffer/2, 2048)))
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", bus.StreamIn, err)
+	}
+
+	// Lanes keep working after ctx ends, until their queues are empty or
+	// the shutdown timeout passes: then work is cancelled and what is left
+	// is given back to JetStream.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	go func() {
+		<-ctx.Done()
+		it.Drain()
+		t := time.NewTimer(r.cfg.ShutdownTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancelWork()
+		case <-work.Done():
+		}
+	}()
+
+	r.lanes = make([]chan *job, r.cfg.Lanes)
+	r.commits = make(chan *commitReq, r.cfg.Lanes)
+	var lanes, committer sync.WaitGroup
+	for i := range r.lanes {
+		r.lanes[i] = make(chan *job, r.cfg.LaneBuffer)
+		lanes.Add(1)
+		go func(in chan *job) {
+			defer lanes.Done()
+			r.lane(work, in)
+		}(r.lanes[i])
+	}
+	committer.Add(1)
+	go func() {
+		defer committer.Done()
+		r.committer()
+	}()
+	hbDone := make(chan struct{})
+	go r.heartbeat(hbDone)
+
+	r.Log.Info("consuming", "stream", bus.StreamIn, "consumer", r.cfg.Consumer, "lanes", r.cfg.Lanes)
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				r.Log.Error("fetch failed", "err", err)
+			}
+			break
+		}
+		r.dispatch(msg)
+	}
+	for _, l := range r.lanes {
+		close(l)
+	}
+	lanes.Wait()
+	close(r.commits)
+	committer.Wait()
+	close(hbDone)
+	r.Log.Info("consumer stopped")
+	return nil
+}
+
+func (r *Runner) dispatch(msg jetstream.Msg) {
+	j := &job{msg: msg, touched: time.Now()}
+	if md, err := msg.Metadata(); err == nil {
+		j.seq, j.deliver = md.Sequence.Stream, md.NumDelivered
+		if j.deliver > 1 {
+			r.Metrics.Inc("ctxpipe_redeliveries_total", "")
+		}
+	}
+	if conv, _, err := schema.ParseSubject(msg.Subject()); err == nil || conv != "" {
+		j.conv = conv
+	}
+	r.hold(j)
+	r.lanes[laneOf(j.conv, len(r.lanes))] <- j
+}
+
+func (r *Runner) hold(j *job) {
+	r.heldMu.Lock()
+	r.held[j] = struct{}{}
+	r.heldMu.Unlock()
+}
+
+func (r *Runner) release(j *job) {
+	r.heldMu.Lock()
+	delete(r.held, j)
+	r.heldMu.Unlock()
+}
+
+// Held is how many fetched inputs are not yet acked or given back.
+func (r *Runner) Held() int {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	return len(r.held)
+}
+
+// heartbeat sends in-progress acks for every input held longer than a third
+// of the ack wait: queued behind a slow condense or being condensed, an
+// input must not be redelivered.
+func (r *Runner) heartbeat(done <-chan struct{}) {
+	every := r.cfg.AckWait / 3
+	t := time.NewTicker(every / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case now := <-t.C:
+			r.heldMu.Lock()
+			var due []*job
+			for j := range r.held {
+				if now.Sub(j.touched) >= every {
+					j.touched = now
+					due = append(due, j)
+				}
+			}
+			r.heldMu.Unlock()
+			for _, j := range due {
+				if err := j.msg.InProgress(); err != nil {
+					r.Log.Warn("in-progress ack failed", "seq", j.seq, "err", err)
+				}
+			}
+		}
+	}
+}
+
+// lane applies one partition set's inputs, one at a time and in order. It
+// takes what is queued (up to LaneBatch), applies it against an in-memory
+// overlay of the not-yet-committed results, commits once, then acks.
+func (r *Runner) lane(ctx context.Context, in chan *job) {
+	for j := range in {
+		batch := []*job{j}
+	more:
+		for len(batch) < r.cfg.LaneBatch {
+			select {
+			case j2, ok := <-in:
+				if !ok {
+					break more
+				}
+				batch = append(batch, j2)
+			default:
+				break more
+			}
+		}
+		if ctx.Err() != nil {
+			r.giveBack(batch)
+			continue
+		}
+		r.handle(ctx, batch)
+	}
+}
+
+// handle applies and commits a lane batch, retrying transient failures with
+// backoff within the retry budget. A batch that keeps failing is split so
+// that one bad input cannot hold back the others; a single input that keeps
+// failing is rejected as poison.
+func (r *Runner) handle(ctx context.Context, batch []*job) {
+	start, backoff := time.Now(), 50*time.Millisecond
+	for {
+		entries, err := r.prepare(ctx, batch)
+		if err == nil {
+			err = r.commit(entries)
+		}
+		if err == nil {
+			r.ack(batch)
+			return
+		}
+		if KindOf(err) == Stop || ctx.Err() != nil {
+			r.giveBack(batch)
+			return
+		}
+		r.Metrics.Inc("ctxpipe_retries_total", "")
+		r.Log.Warn("transient failure; retrying", "inputs", len(batch), "err", err, "backoff", backoff)
+		if len(batch) > 1 {
+			for _, j := range batch {
+				r.handle(ctx, []*job{j})
+			}
+			return
+		}
+		if time.Since(start) > r.cfg.RetryBudget {
+			r.poison(ctx, batch[0], err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			r.giveBack(batch)
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// poison records an input that kept failing as rejected, so it never blocks
+// its lane again. If even that cannot be committed, the input is given back.
+func (r *Runner) poison(ctx context.Context, j *job, cause error) {
+	e := r.rejection(j, "", schema.Errorf(schema.ReasonPoison, "gave up after the retry budget: %v", cause))
+	if err := r.commit([]store.Entry{e}); err != nil {
+		r.Log.Error("cannot record a poison input; giving it back", "seq", j.seq, "err", err)
+		r.giveBack([]*job{j})
+		return
+	}
+	r.ack([]*job{j})
+}
+
+func (r *Runner) ack(batch []*job) {
+	for _, j := range batch {
+		// Ack, not DoubleAck: a lost ack only causes a redelivery, which the
+		// input-id check turns into a no-op, and waiting for the server's
+		// confirmation per message would halve throughput.
+		if err := j.msg.Ack(); err != nil {
+			r.Log.Warn("ack failed; the input will be redelivered and skipped", "seq", j.seq, "err", err)
+		}
+		r.release(j)
+	}
+}
+
+// giveBack naks inputs that were not applied (shutdown), so another
+// instance, or this one after a restart, gets them at once.
+func (r *Runner) giveBack(batch []*job) {
+	for _, j := range batch {
+		if err := j.msg.Nak(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			r.Log.Warn("nak failed", "seq", j.seq, "err", err)
+		}
+		r.release(j)
+	}
+}
+
+// prepare runs the engine over a lane batch. Each conversation's state and
+// history are read from the store once and then carried forward in memory,
+// so the inputs of one batch see each other's effects before they commit.
+func (r *Runner) prepare(ctx context.Context, batch []*job) ([]store.Entry, error) {
+	views := map[string]*convView{}
+	seen := map[string]bool{}
+	entries := make([]store.Entry, 0, len(batch))
+	for _, j := range batch {
+		e, err := r.prepareOne(ctx, j, views, seen)
+		if err != nil {
+			return nil, err
+		}
+		if e != nil {
+			entries = append(entries, *e)
+		}
+	}
+	return entries, nil
+}
+
+func (r *Runner) prepareOne(ctx context.Context, j *job, views map[string]*convView, seen map[string]bool) (*store.Entry, error) {
+	data, subject := j.msg.Data(), j.msg.Subject()
+	if len(data) > r.cfg.MaxInputBytes {
+		e := r.rejection(j, schema.PeekID(data), schema.Errorf(schema.ReasonTooLarge, "%d bytes is over the %d-byte limit", len(data), r.cfg.MaxInputBytes))
+		return r.once(&e, seen)
+	}
+	if j.deliver >= uint64(r.cfg.MaxDeliver) {
+		e := r.rejection(j, schema.PeekID(data), schema.Errorf(schema.ReasonPoison, "delivered %d times without being applied", j.deliver))
+		return r.once(&e, seen)
+	}
+	in, err := schema.DecodeInput(subject, data)
+	if err != nil {
+		e := r.rejection(j, schema.PeekID(data), err)
+		return r.once(&e, seen)
+	}
+	if seen[in.ID] {
+		r.Metrics.Inc("ctxpipe_inputs_total", `outcome="duplicate"`)
+		return nil, nil
+	}
+	if _, _, found, err := r.Store.InputStatus(ctx, in.ID); err != nil {
+		return nil, fmt.Errorf("check input %s: %w", in.ID, err)
+	} else if found {
+		r.Metrics.Inc("ctxpipe_inputs_total", `outcome="duplicate"`)
+		seen[in.ID] = true
+		return nil, nil
+	}
+	v := views[in.ConversationID]
+	if v == nil {
+		st, _, err := r.Store.State(ctx, in.ConversationID)
+		if err != nil {
+			return nil, fmt.Errorf("load state of %s: %w", in.ConversationID, err)
+		}
+		v = &convView{s: r.Store, conv: in.ConversationID, state: st}
+		views[in.ConversationID] = v
+	}
+	pid := v.state.ProfileID
+	if in.Turn != nil && in.Turn.ProfileID != "" {
+		pid = in.Turn.ProfileID
+	}
+	if pid == "" {
+		pid = schema.DefaultProfileID
+	}
+	p, ok := r.Profiles.Get(pid)
+	if !ok {
+		e := r.rejection(j, in.ID, schema.Errorf(schema.ReasonUnknownProfile, "no profile %q", pid))
+		e.Input.ConversationID, e.Input.TS = in.ConversationID, in.TS
+		return r.once(&e, seen)
+	}
+	t0 := time.Now()
+	ch, err := r.Engine.Apply(ctx, v.state, v, &p, in)
+	r.Metrics.Observe("ctxpipe_apply_seconds", fmt.Sprintf(`kind=%q`, in.Kind), time.Since(t0))
+	if err != nil {
+		if schema.ReasonOf(err) == "" {
+			return nil, err
+		}
+		e := r.rejection(j, in.ID, err)
+		e.Input.ConversationID, e.Input.TS = in.ConversationID, in.TS
+		return r.once(&e, seen)
+	}
+	v.state = ch.State
+	v.pending = append(v.pending, ch)
+	seen[in.ID] = true
+	return &store.Entry{
+		Input: store.InputRecord{
+			ID: in.ID, ConversationID: in.ConversationID, Kind: string(in.Kind), Subject: subject,
+			TS: in.TS, Payload: data, Status: store.StatusApplied,
+		},
+		Changes: ch,
+	}, nil
+}
+
+// once drops a second copy of the same rejected input in one batch.
+func (r *Runner) once(e *store.Entry, seen map[string]bool) (*store.Entry, error) {
+	if seen[e.Input.ID] {
+		return nil, nil
+	}
+	seen[e.Input.ID] = true
+	return e, nil
+}
+
+// invalidConv stands in for a conversation id that cannot be read, so the
+// rejection still has a valid event subject.
+const invalidConv = "_invalid"
+
+// rejection records an input that will not be applied, with its payload and
+// an input_rejected event. id is the input's own id when readable; otherwise
+// one is derived from the stream sequence, which a redelivery keeps, so the
+// rejection is idempotent too.
+func (r *Runner) rejection(j *job, id string, cause error) store.Entry {
+	if !validUUID(id) {
+		id = stages.DeriveID(fmt.Sprintf("%s/seq/%d", bus.StreamIn, j.seq), "input")
+	}
+	reason := schema.ReasonOf(cause)
+	msg := cause.Error()
+	var se *schema.Error
+	if errors.As(cause, &se) {
+		msg = se.Message
+	}
+	conv := j.conv
+	if !schema.ValidConversationID(conv) {
+		conv = invalidConv
+	}
+	subject := j.msg.Subject()
+	kind := subject[strings.LastIndexByte(subject, '.')+1:]
+	ts := time.Now().UnixMilli()
+	r.Log.Info("input rejected", "conv", conv, "input_id", id, "reason", reason, "detail", msg)
+	return store.Entry{
+		Input: store.InputRecord{
+			ID: id, ConversationID: j.conv, Kind: kind, Subject: subject, TS: ts,
+			Payload: j.msg.Data(), Status: store.StatusRejected, Reason: string(reason),
+		},
+		Changes: &schema.Changes{Events: []schema.Event{&schema.InputRejected{
+			EventHeader: schema.EventHeader{
+				ID: stages.DeriveID(id, "event/input_rejected"), Type: schema.EventInputRejected,
+				ConversationID: conv, TS: ts, InputID: id,
+			},
+			Reason: reason, Message: msg, Subject: subject,
+		}}},
+	}
+}
+
+func validUUID(s string) bool {
+	_, err := uuid.Parse(s)
+	return err == nil && len(s) == 36
+}
+
+// convView is a conversation as the store has it plus this batch's
+// uncommitted changes; it serves the engine as its History.
+type convView struct {
+	s       *store.Store
+	conv    string
+	state   schema.ConversationState
+	pending []*schema.Changes
+}
+
+func (v *convView) Messages(ctx context.Context) ([]schema.Message, error) {
+	msgs, err := v.s.Messages(ctx, v.conv)
+	if err != nil {
+		return nil, err
+	}
+	for _, ch := range v.pending {
+		msgs = stages.Apply(msgs, ch)
+	}
+	return msgs, nil
+}
+
+func (v *convView) ContextEvents(ctx context.Context) ([]schema.ContextEventRef, error) {
+	refs, err := v.s.ContextEvents(ctx, v.conv)
+	if err != nil {
+		return nil, err
+	}
+	for _, ch := range v.pending {
+		refs = append(refs, stages.ContextEventRefs(ch.Events)...)
+	}
+	return refs, nil
+}
