@@ -90,6 +90,14 @@ func TestRandomAdversarial(t *testing.T) {
 	bad := 0
 	for i := 0; i < n && bad < 10; i++ {
 		s := randomText(r, 24)
+		if i%4 == 3 { // any rune at all, including unassigned and private use
+			var b strings.Builder
+			for k := r.IntN(12) + 1; k > 0; k-- {
+				b.WriteRune(rune(r.IntN(0x110000)))
+				b.WriteString(alphabet[r.IntN(len(alphabet))])
+			}
+			s = b.String()
+		}
 		if d := mismatch(t, enc, s); d != "" {
 			t.Error(d)
 			bad++

@@ -83,6 +83,26 @@ func TestPiecesAdversarial(t *testing.T) {
 			bad++
 		}
 	}
+	// Runes from anywhere in Unicode, so every category the tables know
+	// about (Lt, Nl, No, Mc, Me, Cf, Co, unassigned, supplementary planes)
+	// meets the scanner, mixed with the separators that shape pieces.
+	for i := 0; i < n && bad < 10; i++ {
+		var b strings.Builder
+		for k := r.IntN(16) + 1; k > 0; k-- {
+			switch r.IntN(4) {
+			case 0:
+				b.WriteString(alphabet[r.IntN(len(alphabet))])
+			case 1:
+				b.WriteRune(rune(r.IntN(0x3000)))
+			default:
+				b.WriteRune(rune(r.IntN(0x110000)))
+			}
+		}
+		if d := pieceMismatch(b.String()); d != "" {
+			t.Error(d)
+			bad++
+		}
+	}
 }
 
 // FuzzPieces compares the scanner's segmentation with regexp2's.
