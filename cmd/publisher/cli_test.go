@@ -1,0 +1,586 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/internal/natstest"
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// env is a JetStream server with CTX_IN and CTX_EVENTS, as ctxpipe makes them.
+type env struct {
+	url string
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	ctx context.Context
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	_, url := natstest.Run(t)
+	nc := natstest.Connect(t, url)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	if err := bus.EnsureStreams(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	return &env{url: url, nc: nc, js: js, ctx: ctx}
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a command writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// cli runs the publisher in process with --nats-url pointing at the server.
+func (e *env) cli(t *testing.T, ctx context.Context, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb syncBuffer
+	if len(args) > 0 && args[0] != "help" {
+		args = append([]string{args[0], "--nats-url", e.url}, args[1:]...)
+	}
+	code = run(ctx, args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// stored returns the messages CTX_IN holds on subject, oldest first.
+func (e *env) stored(t *testing.T, subject string) []*jetstream.RawStreamMsg {
+	t.Helper()
+	s, err := e.js.Stream(e.ctx, bus.StreamIn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(e.ctx, seq)
+		if err != nil {
+			t.Fatalf("get %d: %v", seq, err)
+		}
+		if m.Subject == subject {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+var dupRe = regexp.MustCompile(`(\d[\d,]*) duplicates`)
+
+func duplicates(t *testing.T, stderr string) string {
+	t.Helper()
+	m := dupRe.FindStringSubmatch(stderr)
+	if m == nil {
+		t.Fatalf("no summary in %q", stderr)
+	}
+	return m[1]
+}
+
+func TestPublishRealTranscript(t *testing.T) {
+	e := newEnv(t)
+	const name = "sweagent_demo_marshmallow-code__marshmallow-1867"
+	file := filepath.Join(transcripts, name+".jsonl")
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := ParseTranscript(data, FormatTurns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	system, err := os.ReadFile(filepath.Join(transcripts, name+".system.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	code, _, stderr := e.cli(t, e.ctx, "publish", file, "--conv", name, "--profile", "small")
+	if code != 0 {
+		t.Fatalf("publish exit %d: %s", code, stderr)
+	}
+	if got := duplicates(t, stderr); got != "0" {
+		t.Fatalf("first publish reported %s duplicates", got)
+	}
+	msgs := e.stored(t, schema.InputSubject(name, schema.KindTurn))
+	if len(msgs) != len(src.Turns) {
+		t.Fatalf("stream holds %d turns, want %d", len(msgs), len(src.Turns))
+	}
+	for i, m := range msgs {
+		in, err := schema.DecodeInput(m.Subject, m.Data)
+		if err != nil {
+			t.Fatalf("stored turn %d does not decode: %v", i, err)
+		}
+		// Same conversation: the file's ids are kept, in order, as Nats-Msg-Id.
+		if in.ID != src.Turns[i].ID || m.Header.Get(jetstream.MsgIDHeader) != in.ID {
+			t.Fatalf("turn %d: id %s header %s, want %s", i, in.ID, m.Header.Get(jetstream.MsgIDHeader), src.Turns[i].ID)
+		}
+		if in.Turn.ProfileID != "small" || in.Turn.SystemPrompt != strings.TrimRight(string(system), "\n") {
+			t.Fatalf("turn %d: profile %q, system prompt %q", i, in.Turn.ProfileID, in.Turn.SystemPrompt)
+		}
+	}
+
+	// The same file again: every turn is a duplicate, nothing new is stored.
+	code, _, stderr = e.cli(t, e.ctx, "publish", "--conv", name, file)
+	if code != 0 {
+		t.Fatalf("second publish exit %d: %s", code, stderr)
+	}
+	if got, want := duplicates(t, stderr), thousands(len(src.Turns)); got != want {
+		t.Fatalf("second publish reported %s duplicates, want %s", got, want)
+	}
+	if n := len(e.stored(t, schema.InputSubject(name, schema.KindTurn))); n != len(src.Turns) {
+		t.Fatalf("stream holds %d turns after re-publish, want %d", n, len(src.Turns))
+	}
+}
+
+func TestPublishOpenAIWithWait(t *testing.T) {
+	e := newEnv(t)
+	file := filepath.Join(t.TempDir(), "chat.json")
+	if err := os.WriteFile(file, []byte(openAIChat), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A stand-in for ctxpipe's history responder that checks wait_for.
+	var lastID string
+	var mu sync.Mutex
+	sub, err := e.nc.QueueSubscribe(schema.SubjectHistory, bus.QueueGroup, func(m *nats.Msg) {
+		var req schema.HistoryRequest
+		_ = json.Unmarshal(m.Data, &req)
+		msgs := e.stored(t, schema.InputSubject(req.ConversationID, schema.KindTurn))
+		last := msgs[len(msgs)-1].Header.Get(jetstream.MsgIDHeader)
+		mu.Lock()
+		lastID = req.WaitFor
+		mu.Unlock()
+		if req.WaitFor != last || req.View != schema.ViewEffective {
+			_ = m.Respond(schema.MarshalQueryError(schema.QueryBadRequest, "wait_for is not the last turn"))
+			return
+		}
+		b, _ := schema.Marshal(schema.HistoryReply{ConversationID: req.ConversationID, View: req.View, Messages: make([]schema.Message, 3)})
+		_ = m.Respond(b)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+
+	code, stdout, stderr := e.cli(t, e.ctx, "publish", "--conv", "oa", "--wait", file)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "oa: 3 effective messages") {
+		t.Fatalf("stdout %q", stdout)
+	}
+	msgs := e.stored(t, "ctx.in.oa.turn")
+	if len(msgs) != 4 {
+		t.Fatalf("%d turns stored, want 4", len(msgs))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if lastID != msgs[3].Header.Get(jetstream.MsgIDHeader) {
+		t.Fatalf("wait_for %s", lastID)
+	}
+	var turn schema.Turn
+	if err := json.Unmarshal(msgs[1].Data, &turn); err != nil {
+		t.Fatal(err)
+	}
+	if turn.SystemPrompt != "You are a coding agent." || !strings.Contains(string(turn.Content.Blocks[1].Input), `"go test ./..."`) {
+		t.Fatalf("stored assistant turn %s", msgs[1].Data)
+	}
+
+	// A converted file has no ids of its own: publishing it again is new input.
+	code, _, stderr = e.cli(t, e.ctx, "publish", "--conv", "oa", file)
+	if code != 0 || duplicates(t, stderr) != "0" || len(e.stored(t, "ctx.in.oa.turn")) != 8 {
+		t.Fatalf("re-publish: exit %d, %s", code, stderr)
+	}
+}
+
+func TestPublishErrors(t *testing.T) {
+	_, url := natstest.Run(t) // no streams
+	file := filepath.Join(t.TempDir(), "chat.json")
+	if err := os.WriteFile(file, []byte(openAIChat), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no stream", []string{"publish", "--nats-url", url, "--conv", "c", file}, 1, "no stream"},
+		{"no conv", []string{"publish", "--nats-url", url, file}, 2, "--conv is required"},
+		{"no file", []string{"publish", "--nats-url", url, "--conv", "c"}, 2, "exactly one"},
+		{"missing file", []string{"publish", "--nats-url", url, "--conv", "c", "/nonexistent.jsonl"}, 1, "no such file"},
+		{"bad format", []string{"publish", "--nats-url", url, "--conv", "c", "--format", "xml", file}, 2, "unknown format"},
+		{"bad conv", []string{"publish", "--nats-url", url, "--conv", "a.b", file}, 2, "must be"},
+		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
+		{"rewind without ts", []string{"rewind", "--nats-url", url, "--conv", "c"}, 2, "--ts is required"},
+		{"bad view", []string{"history", "--nats-url", url, "--conv", "c", "--view", "all"}, 2, "view must be"},
+		{"no responders", []string{"status", "--nats-url", url, "--conv", "c"}, 1, "no responders"},
+		{"load sizes", []string{"load", "--nats-url", url, "--size", "huge"}, 2, "unknown size"},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errb syncBuffer
+			code := run(ctx, tt.args, &out, &errb)
+			if code != tt.code || !strings.Contains(errb.String(), tt.want) {
+				t.Fatalf("exit %d, stderr %q; want exit %d mentioning %q", code, errb.String(), tt.code, tt.want)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	var out, errb syncBuffer
+	if code := run(context.Background(), []string{"help"}, &out, &errb); code != 0 {
+		t.Fatalf("help exit %d", code)
+	}
+	for name := range commands {
+		if !strings.Contains(out.String(), "  "+name+" ") {
+			t.Errorf("help does not list %s", name)
+		}
+	}
+}
+
+func TestLoad(t *testing.T) {
+	e := newEnv(t)
+	args := []string{"load", "--convs", "3", "--turns", "12", "--size", "small", "--seed", "7", "--profile", "p"}
+	code, _, stderr := e.cli(t, e.ctx, args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stderr, "p50") || duplicates(t, stderr) != "0" {
+		t.Fatalf("summary %q", stderr)
+	}
+	for i := range 3 {
+		subj := schema.InputSubject(convName(7, i), schema.KindTurn)
+		msgs := e.stored(t, subj)
+		want := GenerateTurns(7, convName(7, i), 12, SizeSmall)
+		if len(msgs) != 12 {
+			t.Fatalf("%s holds %d turns, want 12", subj, len(msgs))
+		}
+		for j, m := range msgs {
+			in, err := schema.DecodeInput(m.Subject, m.Data)
+			if err != nil {
+				t.Fatalf("%s turn %d: %v", subj, j, err)
+			}
+			// Same ids as the pure generator, in conversation order.
+			if in.ID != want[j].ID || in.Turn.ProfileID != "p" || m.Header.Get(jetstream.MsgIDHeader) != in.ID {
+				t.Fatalf("%s turn %d: id %s, want %s", subj, j, in.ID, want[j].ID)
+			}
+		}
+	}
+	// Deterministic with --seed: the same run again is all duplicates.
+	code, _, stderr = e.cli(t, e.ctx, args...)
+	if code != 0 || duplicates(t, stderr) != "36" {
+		t.Fatalf("second load: exit %d, %s", code, stderr)
+	}
+}
+
+func TestLoadWait(t *testing.T) {
+	e := newEnv(t)
+	sub, err := e.nc.QueueSubscribe(schema.SubjectHistory, bus.QueueGroup, func(m *nats.Msg) {
+		var req schema.HistoryRequest
+		_ = json.Unmarshal(m.Data, &req)
+		b, _ := schema.Marshal(schema.HistoryReply{ConversationID: req.ConversationID, View: req.View})
+		_ = m.Respond(b)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	code, _, stderr := e.cli(t, e.ctx, "load", "--convs", "4", "--turns", "5", "--size", "small", "--wait")
+	if code != 0 || !strings.Contains(stderr, "end to end: 4/4 conversations readable") {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+}
+
+func TestControlInputs(t *testing.T) {
+	e := newEnv(t)
+	tests := []struct {
+		kind    schema.InputKind
+		args    []string
+		trigger schema.Trigger
+		ts      int64
+		include bool
+	}{
+		{schema.KindCondense, nil, schema.TriggerManual, 0, false},
+		{schema.KindOverflow, nil, schema.TriggerForced, 0, false},
+		{schema.KindRewind, []string{"--ts", "1732250000000", "--include-target"}, "", 1732250000000, true},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.kind), func(t *testing.T) {
+			code, stdout, stderr := e.cli(t, e.ctx, append([]string{string(tt.kind), "--conv", "c9"}, tt.args...)...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr)
+			}
+			id := strings.TrimSpace(stdout)
+			if _, err := uuid.Parse(id); err != nil {
+				t.Fatalf("stdout %q is not an input id", stdout)
+			}
+			msgs := e.stored(t, schema.InputSubject("c9", tt.kind))
+			if len(msgs) != 1 {
+				t.Fatalf("%d messages stored", len(msgs))
+			}
+			in, err := schema.DecodeInput(msgs[0].Subject, msgs[0].Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if in.ID != id || msgs[0].Header.Get(jetstream.MsgIDHeader) != id || in.Trigger != tt.trigger || in.IncludeTarget != tt.include {
+				t.Fatalf("stored %s: %+v", msgs[0].Data, in)
+			}
+			if tt.ts != 0 && in.TS != tt.ts {
+				t.Fatalf("ts %d, want %d", in.TS, tt.ts)
+			}
+		})
+	}
+}
+
+func TestQueries(t *testing.T) {
+	e := newEnv(t)
+	respond := func(m *nats.Msg) {
+		var req struct {
+			ConversationID string `json:"conversation_id"`
+		}
+		_ = json.Unmarshal(m.Data, &req)
+		if req.ConversationID == "missing" {
+			_ = m.Respond(schema.MarshalQueryError(schema.QueryNotFound, "no conversation missing"))
+			return
+		}
+		var b []byte
+		if m.Subject == schema.SubjectStatus {
+			b, _ = schema.Marshal(schema.StatusReply{ConversationID: req.ConversationID, ProfileID: "default",
+				ContextTokens: 12345, ContextWindow: 16000, AllowedTokens: 7808, Percent: 77.2, Threshold: 75,
+				Messages: 40, HiddenMessages: 30, Condensations: 2, Truncations: 1})
+		} else {
+			summary := schema.Message{Turn: schema.Turn{ID: uuid.NewString(), TS: 1732250000000, Role: schema.RoleUser,
+				Content: schema.TextContent("Summary of the conversation so far:\n the agent fixed the failing test in store/ and ...")},
+				IsSummary: true, CondenseID: "x", Tokens: 812}
+			hidden := schema.Message{Turn: schema.Turn{ID: uuid.NewString(), TS: 1732250001000, Role: schema.RoleAssistant,
+				Content: schema.BlockContent(schema.Block{Type: schema.BlockToolUse, ID: "t1", Name: "bash", Input: json.RawMessage(`{"command":"ls"}`)})},
+				CondenseParent: "x", Tokens: 20}
+			b, _ = schema.Marshal(schema.HistoryReply{ConversationID: req.ConversationID, View: schema.ViewFull, Messages: []schema.Message{summary, hidden}})
+		}
+		_ = m.Respond(b)
+	}
+	for _, s := range []string{schema.SubjectHistory, schema.SubjectStatus} {
+		sub, err := e.nc.QueueSubscribe(s, bus.QueueGroup, respond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+	}
+	tests := []struct {
+		name string
+		args []string
+		code int
+		out  []string // in stdout
+		err  string   // in stderr
+	}{
+		{"history", []string{"history", "--conv", "c1", "--view", "full"}, 0,
+			[]string{"[summary]", "[condensed]", "812", `bash{"command":"ls"}`, "Summary of the conversation so far: the agent", "2 messages (full view), 832 tokens"}, ""},
+		{"history json", []string{"history", "--conv", "c1", "--json"}, 0, []string{`"is_summary":true`, `"condense_parent":"x"`}, ""},
+		{"status", []string{"status", "--conv", "c1"}, 0, []string{"12,345 / 16,000 tokens (77.2%; allowed 7,808, threshold 75%)", "40 (30 hidden)"}, ""},
+		{"status json", []string{"status", "--conv", "c1", "--json"}, 0, []string{`"context_tokens":12345`}, ""},
+		{"history error reply", []string{"history", "--conv", "missing"}, 1, nil, "not_found: no conversation missing"},
+		{"status error reply", []string{"status", "--conv", "missing", "--json"}, 1, nil, "not_found"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, stdout, stderr := e.cli(t, e.ctx, tt.args...)
+			if code != tt.code {
+				t.Fatalf("exit %d, want %d: %s", code, tt.code, stderr)
+			}
+			for _, w := range tt.out {
+				if !strings.Contains(stdout, w) {
+					t.Errorf("stdout lacks %q:\n%s", w, stdout)
+				}
+			}
+			if !strings.Contains(stderr, tt.err) {
+				t.Errorf("stderr %q lacks %q", stderr, tt.err)
+			}
+		})
+	}
+}
+
+// publishEvent stands in for ctxpipe's outbox relay.
+func (e *env) publishEvent(t *testing.T, ev schema.Event) {
+	t.Helper()
+	b, err := schema.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.js.Publish(e.ctx, schema.EventSubject(ev), b, jetstream.WithMsgID(ev.Header().ID)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func condenseEvent(conv string, prev, next int) *schema.CondenseContext {
+	return &schema.CondenseContext{
+		EventHeader: schema.EventHeader{ID: uuid.NewString(), Type: schema.EventCondenseContext, ConversationID: conv,
+			TS: time.Now().UnixMilli(), InputID: uuid.NewString()},
+		CondenseID: uuid.NewString(), PrevContextTokens: prev, NewContextTokens: next, MessagesCondensed: 12,
+		Trigger: schema.TriggerAuto, Cost: 0.0123,
+	}
+}
+
+func TestReplay(t *testing.T) {
+	e := newEnv(t)
+	e.publishEvent(t, condenseEvent("task-42", 182304, 41220))
+	e.publishEvent(t, condenseEvent("other", 1, 1))
+	e.publishEvent(t, &schema.SlidingWindowTruncation{EventHeader: schema.EventHeader{ID: uuid.NewString(),
+		Type: schema.EventSlidingWindowTruncation, ConversationID: "task-42", TS: time.Now().UnixMilli()},
+		TruncationID: "t", MessagesRemoved: 6, PrevContextTokens: 50000, NewContextTokens: 30000})
+
+	code, stdout, stderr := e.cli(t, e.ctx, "replay", "--conv", "task-42")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("replayed %d lines, want 2:\n%s", len(lines), stdout)
+	}
+	if !strings.Contains(lines[0], "task-42 condense_context 182,304→41,220 tokens (12 msgs, auto, $0.0123)") ||
+		!strings.Contains(lines[1], "task-42 sliding_window_truncation 50,000→30,000 tokens (6 msgs removed)") {
+		t.Fatalf("replay output:\n%s", stdout)
+	}
+	code, stdout, _ = e.cli(t, e.ctx, "replay", "--conv", "task-42", "--json")
+	if code != 0 || strings.Count(stdout, `"type":`) != 2 || !strings.Contains(stdout, `"prev_context_tokens":182304`) {
+		t.Fatalf("replay --json: exit %d\n%s", code, stdout)
+	}
+	// A conversation without events: nothing printed, and replay still ends.
+	code, stdout, stderr = e.cli(t, e.ctx, "replay", "--conv", "quiet")
+	if code != 0 || stdout != "" || !strings.Contains(stderr, "quiet: 0 events") {
+		t.Fatalf("empty replay: exit %d, %q, %q", code, stdout, stderr)
+	}
+}
+
+func TestFollow(t *testing.T) {
+	e := newEnv(t)
+	e.publishEvent(t, condenseEvent("old", 10, 5)) // before follow: only --all sees it
+
+	tests := []struct {
+		name string
+		args []string
+		want []string // substrings, in order
+		not  string
+	}{
+		{"new events of one conversation", []string{"--conv", "task-1"}, []string{"task-1 condense_context 300→100"}, "old"},
+		{"all events, json", []string{"--all", "--json"}, []string{`"conversation_id":"old"`, `"conversation_id":"task-1"`}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := e.js.Stream(e.ctx, bus.StreamEvents)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := s.CachedInfo().State.Consumers
+			ctx, cancel := context.WithCancel(e.ctx)
+			defer cancel()
+			var out, errb syncBuffer
+			done := make(chan int, 1)
+			go func() {
+				done <- run(ctx, append([]string{"follow", "--nats-url", e.url}, tt.args...), &out, &errb)
+			}()
+			// DeliverNew: publish only once follow's consumer exists.
+			waitFor(t, func() bool {
+				info, err := s.Info(e.ctx)
+				return err == nil && info.State.Consumers > before
+			}, "follow's consumer")
+			e.publishEvent(t, condenseEvent("skip-me", 1, 1))
+			e.publishEvent(t, condenseEvent("task-1", 300, 100))
+			waitFor(t, func() bool { return strings.Contains(out.String(), "task-1") }, "the followed event")
+			cancel()
+			if code := <-done; code != 0 {
+				t.Fatalf("follow exit %d: %s", code, errb.String())
+			}
+			got := out.String()
+			at := 0
+			for _, w := range tt.want {
+				i := strings.Index(got[at:], w)
+				if i < 0 {
+					t.Fatalf("output lacks %q (in order):\n%s", w, got)
+				}
+				at += i
+			}
+			if tt.not != "" && strings.Contains(got, tt.not) {
+				t.Fatalf("output has %q:\n%s", tt.not, got)
+			}
+			if strings.Contains(tt.args[0], "conv") && strings.Contains(got, "skip-me") {
+				t.Fatalf("filter let another conversation through:\n%s", got)
+			}
+		})
+	}
+}
+
+// waitFor polls cond; the 20 s bound only ends a broken test.
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestFormatEvent(t *testing.T) {
+	ts := time.Date(2025, 6, 15, 12, 1, 2, 0, time.UTC).UnixMilli()
+	h := func(typ schema.EventType) schema.EventHeader {
+		return schema.EventHeader{ID: "e", Type: typ, ConversationID: "task-42", TS: ts, InputID: "0b6c7a9e-aaaa"}
+	}
+	tests := []struct {
+		ev   schema.Event
+		want string
+	}{
+		{&schema.CondenseContext{EventHeader: h(schema.EventCondenseContext), PrevContextTokens: 182304, NewContextTokens: 41220,
+			MessagesCondensed: 12, Trigger: schema.TriggerAuto, Cost: 0.0123},
+			"12:01:02 task-42 condense_context 182,304→41,220 tokens (12 msgs, auto, $0.0123) input 0b6c7a9e"},
+		{&schema.CondenseFailed{EventHeader: h(schema.EventCondenseFailed), Error: schema.ReasonContextGrew, Trigger: schema.TriggerManual},
+			"12:01:02 task-42 condense_failed context_grew (manual, $0.0000) input 0b6c7a9e"},
+		{&schema.ContextManaging{EventHeader: h(schema.EventContextManaging), Trigger: schema.TriggerAuto, ContextTokens: 12000, ContextWindow: 16000, Threshold: 75},
+			"12:01:02 task-42 context_managing 12,000/16,000 tokens (75.0%, threshold 75%, auto) input 0b6c7a9e"},
+		{&schema.Rewind{EventHeader: h(schema.EventRewind), CutoffTS: ts, MessagesRemoved: 3, MessagesRestored: 9, RemovedCondenseIDs: []string{"a"}},
+			"12:01:02 task-42 rewind to 12:01:02.000 (3 msgs removed, 9 restored, 1 condenses and 0 truncations undone) input 0b6c7a9e"},
+		{&schema.InputRejected{EventHeader: h(schema.EventInputRejected), Reason: schema.ReasonBadTS, Subject: "ctx.in.task-42.turn", Message: "ts must\nbe positive"},
+			"12:01:02 task-42 input_rejected bad_ts on ctx.in.task-42.turn: ts must be positive input 0b6c7a9e"},
+	}
+	for _, tt := range tests {
+		b, _ := schema.Marshal(tt.ev)
+		if got := formatEvent(b, time.UTC); got != tt.want {
+			t.Errorf("formatEvent =\n %q\nwant\n %q", got, tt.want)
+		}
+	}
+}
