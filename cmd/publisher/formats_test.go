@@ -237,3 +237,52 @@ func TestRealTranscripts(t *testing.T) {
 		}
 	}
 }
+
+// The sample session shipped in examples/ is a valid transcript: every turn
+// validates, roles alternate, every tool_use is answered in the next turn,
+// and it is large enough to cross a 16k-window profile's threshold a few
+// times (60–90 KB).
+func TestSampleSession(t *testing.T) {
+	const path = "../../examples/sample-session.jsonl"
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(data); n < 60_000 || n > 90_000 {
+		t.Errorf("sample is %d bytes, want 60–90 KB", n)
+	}
+	tr, err := ParseTranscript(data, FormatAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	turns, err := Prepare(tr, PrepareOptions{Conv: "sample-session", Now: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := map[string]bool{}
+	for i, tu := range turns {
+		if tu.ID != tr.Turns[i].ID {
+			t.Fatalf("turn %d: id not kept in its own conversation", i)
+		}
+		if (i%2 == 0) != (tu.Role == schema.RoleUser) {
+			t.Fatalf("turn %d: role %s breaks alternation", i, tu.Role)
+		}
+		for _, b := range tu.Content.Blocks {
+			switch b.Type {
+			case schema.BlockToolResult:
+				if !pending[b.ToolUseID] {
+					t.Fatalf("turn %d: result for %s, which the previous turn did not call", i, b.ToolUseID)
+				}
+				delete(pending, b.ToolUseID)
+			case schema.BlockToolUse:
+				pending[b.ID] = true
+			}
+		}
+		if tu.Role == schema.RoleUser && len(pending) > 0 {
+			t.Fatalf("turn %d: calls %v left unanswered", i, pending)
+		}
+	}
+	if turns[0].SystemPrompt == "" {
+		t.Error("the first turn carries no system prompt")
+	}
+}
