@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -389,35 +390,42 @@ func TestEffectiveThreshold(t *testing.T) {
 // TestDecodeTranscripts decodes every line of the shared real transcripts:
 // all of them are valid turns, and each one's conversation is its file name.
 func TestDecodeTranscripts(t *testing.T) {
-	lines, blocks := 0, 0
-	for _, file := range transcriptFiles(t) {
-		conv := strings.TrimSuffix(filepath.Base(file), ".jsonl")
-		subject := schema.InputSubject(conv, schema.KindTurn)
-		f, err := os.Open(file)
-		if err != nil {
-			t.Fatal(err)
+	var lines, blocks atomic.Int64
+	// One parallel subtest per file: 7743 lines take seconds under -race.
+	t.Run("files", func(t *testing.T) {
+		for _, file := range transcriptFiles(t) {
+			conv := strings.TrimSuffix(filepath.Base(file), ".jsonl")
+			t.Run(conv, func(t *testing.T) {
+				t.Parallel()
+				subject := schema.InputSubject(conv, schema.KindTurn)
+				f, err := os.Open(file)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				sc := bufio.NewScanner(f)
+				sc.Buffer(nil, 16<<20)
+				n := 0
+				for sc.Scan() {
+					n++
+					in, err := schema.DecodeInput(subject, sc.Bytes())
+					if err != nil {
+						t.Errorf("%s:%d: %v", filepath.Base(file), n, err)
+						continue
+					}
+					blocks.Add(int64(len(in.Turn.Content.Blocks)))
+				}
+				if err := sc.Err(); err != nil {
+					t.Errorf("%s: %v", file, err)
+				}
+				lines.Add(int64(n))
+			})
 		}
-		sc := bufio.NewScanner(f)
-		sc.Buffer(nil, 16<<20)
-		n := 0
-		for sc.Scan() {
-			n++
-			in, err := schema.DecodeInput(subject, sc.Bytes())
-			if err != nil {
-				t.Errorf("%s:%d: %v", filepath.Base(file), n, err)
-				continue
-			}
-			blocks += len(in.Turn.Content.Blocks)
-		}
-		if err := sc.Err(); err != nil {
-			t.Errorf("%s: %v", file, err)
-		}
-		f.Close()
-		lines += n
-	}
+	})
 	// The README's figures: 7743 turns; 2797 text, 3850 tool_use, 3850
 	// tool_result and 526 reasoning blocks.
-	if lines != 7743 || blocks != 2797+3850+3850+526 {
-		t.Errorf("decoded %d lines and %d blocks, want 7743 and %d", lines, blocks, 2797+3850+3850+526)
+	const wantBlocks = 2797 + 3850 + 3850 + 526
+	if lines.Load() != 7743 || blocks.Load() != wantBlocks {
+		t.Errorf("decoded %d lines and %d blocks, want 7743 and %d", lines.Load(), blocks.Load(), wantBlocks)
 	}
 }
