@@ -1,0 +1,43 @@
+# ctxpipe — see README.md. Every target works on a fresh machine with Go and gcc.
+GO       ?= go
+PKGS     := ./...
+BIN      := bin
+FUZZTIME ?= 60s
+
+.PHONY: run test build lint bench fuzz load clean
+
+## run: start the service on embedded defaults (NATS JetStream in process, ./data/ctxpipe.db, offline condenser)
+run:
+	$(GO) run ./cmd/consumer
+
+## test: every test, with the race detector (fuzz targets run their seed corpus)
+test:
+	$(GO) test -race -count=1 -timeout 14m $(PKGS)
+
+## build: the service and the client into ./bin
+build:
+	$(GO) build -o $(BIN)/consumer ./cmd/consumer
+	$(GO) build -o $(BIN)/publisher ./cmd/publisher
+
+## lint: gofmt, go vet, staticcheck
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@latest $(PKGS)
+
+## bench: counting, decision and commit benchmarks (figures, not pass/fail)
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./tokens/... ./stages/ ./store/
+
+## fuzz: run each fuzz target for FUZZTIME
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzEngine$$' -fuzztime $(FUZZTIME) ./stages/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeInput$$' -fuzztime $(FUZZTIME) ./schema/
+	$(GO) test -run '^$$' -fuzz '^FuzzCount$$' -fuzztime $(FUZZTIME) ./tokens/o200k/
+
+## load: end-to-end throughput and latency against a running service (make run in another shell)
+load:
+	$(GO) run ./cmd/publisher load --convs 50 --turns 200 --wait
+
+clean:
+	rm -rf $(BIN) data
