@@ -126,7 +126,7 @@ func (s *Store) Commit(ctx context.Context, batch []Entry) ([]Result, error) {
 		return nil, fmt.Errorf("commit: begin: %w", err)
 	}
 	defer tx.Rollback() // a no-op after Commit
-	c := &committer{tx: tx, now: s.now().UnixMilli(), stmts: map[string]*sql.Stmt{}}
+	c := newCommitter(tx, s.now().UnixMilli())
 	results := make([]Result, len(enc))
 	for i := range enc {
 		dup, err := c.apply(ctx, &enc[i])
@@ -134,6 +134,9 @@ func (s *Store) Commit(ctx context.Context, batch []Entry) ([]Result, error) {
 			return nil, fmt.Errorf("commit: %w", &EntryError{Index: i, InputID: enc[i].in.ID, Err: err})
 		}
 		results[i] = Result{InputID: enc[i].in.ID, Duplicate: dup}
+	}
+	if err := c.writeStates(ctx); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
@@ -245,6 +248,27 @@ type committer struct {
 	tx    *sql.Tx
 	now   int64
 	stmts map[string]*sql.Stmt
+	// lastPos caches each conversation's highest pos within the transaction,
+	// so an append costs no MAX() query after the first.
+	lastPos map[string]float64
+	// states holds the newest state per conversation; only the last one of
+	// a batch is written, once, after every entry has applied.
+	states     map[string][]byte
+	stateOrder []string
+}
+
+func newCommitter(tx *sql.Tx, now int64) *committer {
+	return &committer{tx: tx, now: now, stmts: map[string]*sql.Stmt{},
+		lastPos: map[string]float64{}, states: map[string][]byte{}}
+}
+
+func (c *committer) writeStates(ctx context.Context) error {
+	for _, conv := range c.stateOrder {
+		if _, err := c.exec(ctx, qPutState, conv, c.states[conv], c.now); err != nil {
+			return fmt.Errorf("put state of %s: %w", conv, err)
+		}
+	}
+	return nil
 }
 
 func (c *committer) stmt(ctx context.Context, q string) (*sql.Stmt, error) {
@@ -330,9 +354,10 @@ func (c *committer) apply(ctx context.Context, x *encoded) (bool, error) {
 		}
 	}
 	if x.state != nil {
-		if _, err := c.exec(ctx, qPutState, x.conv, x.state, c.now); err != nil {
-			return false, fmt.Errorf("put state: %w", err)
+		if _, ok := c.states[x.conv]; !ok {
+			c.stateOrder = append(c.stateOrder, x.conv)
 		}
+		c.states[x.conv] = x.state
 	}
 	for _, ev := range x.events {
 		h := ev.h
@@ -372,14 +397,19 @@ func (c *committer) insertMessage(ctx context.Context, conv string, em encodedMe
 // renumbered 1..n (same order) and the midpoint taken again.
 func (c *committer) position(ctx context.Context, conv, before string) (float64, error) {
 	if before == "" {
-		var last float64
-		row, err := c.queryRow(ctx, qLastPos, conv)
-		if err == nil {
-			err = row.Scan(&last)
+		last, ok := c.lastPos[conv]
+		if !ok {
+			row, err := c.queryRow(ctx, qLastPos, conv)
+			if err == nil {
+				err = row.Scan(&last)
+			}
+			if err != nil {
+				return 0, fmt.Errorf("last position: %w", err)
+			}
 		}
-		if err != nil {
-			return 0, fmt.Errorf("last position: %w", err)
-		}
+		// Deletes never invalidate this: a new last message only has to
+		// sort after every remaining one.
+		c.lastPos[conv] = last + 1
 		return last + 1, nil
 	}
 	for attempt := 0; ; attempt++ {
@@ -415,5 +445,6 @@ func (c *committer) position(ctx context.Context, conv, before string) (float64,
 		if _, err := c.exec(ctx, qRenumber, conv); err != nil {
 			return 0, fmt.Errorf("renumber positions: %w", err)
 		}
+		delete(c.lastPos, conv)
 	}
 }

@@ -625,3 +625,42 @@ func BenchmarkCommitBatch(b *testing.B) {
 		})
 	}
 }
+
+// Within one batch: the newest state per conversation wins, appends after a
+// renumber or a delete still land last.
+func TestBatchStateAndPositionsAcrossEntries(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	first := turnEntry("c", msg("c", "a", 1, schema.RoleUser, "a"), msg("c", "b", 2, schema.RoleUser, "b"))
+	first.Changes.State.LastTS = 1
+	var many []schema.Insertion
+	var want []string
+	want = append(want, "a")
+	for i := range 70 { // forces a renumber inside the transaction
+		id := fmt.Sprintf("x%02d", i)
+		many = append(many, schema.Insertion{Message: msg("c", id, 1, schema.RoleUser, id), Before: "b"})
+		want = append(want, id)
+	}
+	middle := turnEntry("c")
+	middle.Changes.Insert = many
+	middle.Changes.State.LastTS = 2
+	other := turnEntry("d", msg("d", "d1", 1, schema.RoleUser, "d1"))
+	other.Changes.State.LastTS = 7
+	rewind := turnEntry("c", msg("c", "c", 3, schema.RoleUser, "c"))
+	rewind.Changes.Delete = []string{"b"}
+	rewind.Changes.State.LastTS = 3
+	last := turnEntry("c", msg("c", "e", 4, schema.RoleUser, "e"))
+	last.Changes.State.LastTS = 4
+	dup := last // a duplicate's state must not be written
+	dup.Changes = &schema.Changes{State: schema.ConversationState{ConversationID: "c", LastTS: 99}}
+	commit(t, s, first, middle, other, rewind, last, dup)
+	want = append(want, "c", "e")
+	if got := ids(messagesOf(t, s, "c")); !reflect.DeepEqual(got, want) {
+		t.Fatalf("order = %v\nwant %v", got, want)
+	}
+	for conv, ts := range map[string]int64{"c": 4, "d": 7} {
+		if st, found, err := s.State(ctx, conv); err != nil || !found || st.LastTS != ts {
+			t.Errorf("state of %s = %+v, %v, %v; want LastTS %d", conv, st, found, err, ts)
+		}
+	}
+}
