@@ -127,6 +127,7 @@ func DecodeInput(subject string, data []byte) (Input, error) {
 		if err := t.Validate(); err != nil {
 			return Input{}, err
 		}
+		compactInputs(t.Content.Blocks)
 		if t.ConversationID != conv {
 			return Input{}, Errorf(ReasonConversationMismatch, "turn names conversation %q but arrived on %q", t.ConversationID, subject)
 		}
@@ -159,6 +160,22 @@ func DecodeInput(subject string, data []byte) (Input, error) {
 		in.Trigger = TriggerForced
 	}
 	return in, nil
+}
+
+// compactInputs removes insignificant whitespace from tool inputs once, at
+// the edge: encoding/json compacts a RawMessage when it encodes it, so doing
+// it here makes the stored bytes, the counted bytes and the bytes read back
+// the same (key order and characters are kept; nothing is HTML-escaped).
+func compactInputs(blocks []Block) {
+	for i := range blocks {
+		if len(blocks[i].Input) == 0 {
+			continue
+		}
+		var buf bytes.Buffer
+		if json.Compact(&buf, blocks[i].Input) == nil && buf.Len() != len(blocks[i].Input) {
+			blocks[i].Input = buf.Bytes()
+		}
+	}
 }
 
 func validateID(id string) error {

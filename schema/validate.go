@@ -23,6 +23,10 @@ func (t *Turn) Validate() error {
 	if t.Usage != nil && (t.Usage.InputTokens < 0 || t.Usage.OutputTokens < 0) {
 		return Errorf(ReasonBadUsage, "usage token counts must not be negative")
 	}
+	if t.Usage != nil && t.Usage.Total() == 0 {
+		// It would set the context size to zero: a provider never reports that.
+		return Errorf(ReasonBadUsage, "usage reports no tokens; leave it out when it is unknown")
+	}
 	for i := range t.Content.Blocks {
 		if err := t.Content.Blocks[i].validate(t.Role, false); err != nil {
 			return Errorf(ReasonOf(err), "content[%d]: %s", i, err.(*Error).Message)
@@ -35,7 +39,12 @@ func (t *Turn) Validate() error {
 // text and image blocks may appear.
 func (b *Block) validate(role Role, nested bool) error {
 	switch b.Type {
-	case BlockText, BlockReasoning:
+	case BlockText:
+		return nil
+	case BlockReasoning:
+		if nested {
+			return Errorf(ReasonBadBlock, "a tool_result may only hold text and image blocks, got %q", b.Type)
+		}
 		return nil
 	case BlockImage:
 		if b.Source == nil {

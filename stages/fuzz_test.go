@@ -1,0 +1,223 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// FuzzEngine drives a conversation with an arbitrary sequence of turns (with
+// tool calls and results), manual condenses, overflows, rewinds and
+// summarizer behaviours, and checks the invariants after every step:
+//   - the effective history never holds a tool_result without its tool_use;
+//   - effective ⊆ stored, and the stored agent messages are exactly the ones
+//     appended and not rewound (nothing is lost, nothing appears);
+//   - every parent tag that hides a message names a stored summary or marker;
+//   - at the end, rewinding past every condensation and truncation restores
+//     the original history, and so the original effective history, byte for byte.
+func FuzzEngine(f *testing.F) {
+	f.Add([]byte{0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1})
+	f.Add([]byte{1, 2, 9, 3, 9, 2, 9, 3, 9, 2, 9, 3, 9, 4, 0, 2, 9, 3, 9, 5, 0, 6, 3})
+	f.Add([]byte{2, 7, 1, 2, 200, 3, 200, 2, 200, 3, 200, 2, 200, 3, 200, 6, 1, 2, 5, 3, 5})
+	f.Add([]byte{0, 7, 2, 0, 250, 1, 250, 0, 250, 1, 250, 0, 250, 1, 250, 0, 250, 1, 250, 5, 0, 4, 0, 6, 9})
+	f.Add([]byte(strings.Repeat("\x02\x40\x03\x40", 30) + "\x04\x00\x05\x00\x06\x07"))
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		if len(ops) < 2 || len(ops) > 400 {
+			return
+		}
+		p := schema.Profile{ID: "fz", ContextWindow: 2000, MaxTokens: 200,
+			Strategy: []schema.Strategy{schema.StrategyKeepTail, schema.StrategyFreshStart, schema.StrategyPreserveFraction}[int(ops[0])%3]}
+		mode := 0 // 0 short summary, 1 too long, 2 error
+		sum := SummarizerFunc(func(_ context.Context, req schema.SummaryRequest) (schema.Summary, error) {
+			switch mode {
+			case 1:
+				return schema.Summary{Text: strings.Repeat("long ", 3000)}, nil
+			case 2:
+				return schema.Summary{}, errors.New("unavailable")
+			}
+			return schema.Summary{Text: fmt.Sprintf("summary of %d", len(req.Messages))}, nil
+		})
+		c := newConv(sum, p)
+		ctx := context.Background()
+		originals := map[string]schema.Message{} // appended and not rewound, as first stored
+		var order []string
+		ts, n := int64(1000), 0
+		next := func(i *int) byte {
+			if *i+1 < len(ops) {
+				*i++
+				return ops[*i]
+			}
+			return 0
+		}
+		for i := 1; i < len(ops); i++ {
+			op := ops[i] % 8
+			switch op {
+			case 0, 1, 2, 3:
+				size := 1 + int(next(&i))%120
+				ts += 10
+				n++
+				turn := schema.Turn{ID: msgID(n), ConversationID: testConv, TS: ts, Content: schema.TextContent(strings.Repeat("tok ", size))}
+				open := c.State.LastToolUseIDs
+				switch {
+				case op%2 == 1:
+					turn.Role = schema.RoleAssistant
+					if op == 3 {
+						turn.Content = schema.BlockContent(schema.Block{Type: schema.BlockText, Text: "calling"},
+							toolUse(fmt.Sprintf("call_%d", n), "bash", fmt.Sprintf(`{"cmd":"ls %d"}`, size)))
+					}
+				case len(open) > 0:
+					turn.Role = schema.RoleUser
+					var blocks []schema.Block
+					for _, id := range open {
+						blocks = append(blocks, toolResult(id, strings.Repeat("out ", size)))
+					}
+					turn.Content = schema.BlockContent(blocks...)
+				default:
+					turn.Role = schema.RoleUser
+				}
+				if _, err := c.Append(ctx, turn); err != nil {
+					t.Fatalf("append: %v", err)
+				}
+				m := schema.Message{Turn: turn}
+				for _, s := range c.Messages {
+					if s.ID == turn.ID {
+						m.Tokens = s.Tokens
+					}
+				}
+				originals[turn.ID] = m
+				order = append(order, turn.ID)
+			case 4:
+				ts++
+				if _, err := c.Apply(ctx, schema.Input{Kind: schema.KindCondense, ID: msgID(100000 + i), ConversationID: testConv, TS: lastTS(c), Trigger: schema.TriggerManual}); err != nil {
+					t.Fatalf("condense: %v", err)
+				}
+			case 5:
+				if _, err := c.Apply(ctx, schema.Input{Kind: schema.KindOverflow, ID: msgID(200000 + i), ConversationID: testConv, TS: lastTS(c), Trigger: schema.TriggerForced}); err != nil {
+					t.Fatalf("overflow: %v", err)
+				}
+			case 6:
+				if len(order) == 0 {
+					continue
+				}
+				target := originals[order[int(next(&i))%len(order)]]
+				include := next(&i)%2 == 1
+				_, err := c.Apply(ctx, schema.Input{Kind: schema.KindRewind, ID: msgID(300000 + i), ConversationID: testConv, TS: target.TS, IncludeTarget: include})
+				if err != nil && schema.ReasonOf(err) != schema.ReasonUnknownTarget {
+					t.Fatalf("rewind: %v", err)
+				}
+				order = dropRewound(order, originals, target.TS, include)
+			case 7:
+				mode = int(next(&i)) % 3
+			}
+			checkInvariants(t, c, originals, order)
+		}
+		// Rewind past every condensation and truncation that is still live.
+		cut := int64(-1)
+		for _, r := range ContextEventRefs(c.Events) {
+			live := false
+			for _, m := range c.Messages {
+				if (m.IsSummary && m.CondenseID == r.ID) || (m.IsTruncationMarker && m.TruncationID == r.ID) {
+					live = true
+				}
+			}
+			if live && (cut < 0 || r.TS < cut) {
+				cut = r.TS
+			}
+		}
+		if cut < 0 {
+			return
+		}
+		if _, err := c.Apply(ctx, schema.Input{Kind: schema.KindRewind, ID: msgID(999999), ConversationID: testConv, TS: cut}); err != nil {
+			t.Fatalf("final rewind: %v", err)
+		}
+		order = dropRewound(order, originals, cut, false)
+		var want []schema.Message
+		for _, id := range order {
+			want = append(want, originals[id])
+		}
+		if len(c.Messages)+len(want) > 0 && !reflect.DeepEqual(c.Messages, want) {
+			t.Fatalf("rewind past every condensation: stored history not restored\n got %v\nwant %d messages", join(c.Messages), len(want))
+		}
+		if eff := c.Effective(); len(eff)+len(want) > 0 && !reflect.DeepEqual(eff, EffectiveHistory(want)) {
+			t.Fatal("effective history not restored")
+		}
+	})
+}
+
+func lastTS(c *Conversation) int64 {
+	var ts int64
+	for _, m := range c.Messages {
+		if !m.Synthetic() && m.TS > ts {
+			ts = m.TS
+		}
+	}
+	if ts == 0 {
+		ts = 1
+	}
+	return ts
+}
+
+// dropRewound removes the turns a rewind to cutoff deletes (the fuzz turns
+// have distinct ts, so the cutoff always matches one exactly).
+func dropRewound(order []string, originals map[string]schema.Message, cutoff int64, include bool) []string {
+	kept := order[:0]
+	for _, id := range order {
+		m := originals[id]
+		if m.TS < cutoff || (include && m.TS == cutoff) {
+			kept = append(kept, id)
+			continue
+		}
+		delete(originals, id)
+	}
+	return kept
+}
+
+func checkInvariants(t *testing.T, c *Conversation, originals map[string]schema.Message, order []string) {
+	t.Helper()
+	stored := idSet(c.Messages)
+	eff := c.Effective()
+	uses := map[string]bool{}
+	for _, m := range eff {
+		if !stored[m.ID] {
+			t.Fatalf("effective message %s is not stored", m.ID)
+		}
+		for _, b := range m.Content.Blocks {
+			switch b.Type {
+			case schema.BlockToolUse:
+				uses[b.ID] = true
+			case schema.BlockToolResult:
+				if !uses[b.ToolUseID] {
+					t.Fatalf("effective history has a tool_result %s without its tool_use", b.ToolUseID)
+				}
+			}
+		}
+	}
+	var agent []string
+	summaries, markers := liveIDs(c.Messages)
+	for _, m := range c.Messages {
+		if !m.Synthetic() {
+			agent = append(agent, m.ID)
+		}
+		if m.CondenseParent != "" && !summaries[m.CondenseParent] {
+			// Allowed only until a cleanup; the engine cleans up on rewind,
+			// and condense/truncation only point at what they insert.
+			t.Fatalf("message %s names a missing summary", m.ID)
+		}
+		if m.TruncationParent != "" && !markers[m.TruncationParent] {
+			t.Fatalf("message %s names a missing marker", m.ID)
+		}
+	}
+	if !reflect.DeepEqual(agent, append([]string(nil), order...)) && !(len(agent) == 0 && len(order) == 0) {
+		t.Fatalf("stored agent messages %d, appended and not rewound %d", len(agent), len(order))
+	}
+	for _, id := range order {
+		if !stored[id] {
+			t.Fatalf("message %s was lost", id)
+		}
+	}
+}
