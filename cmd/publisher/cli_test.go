@@ -29,7 +29,9 @@ type env struct {
 	ctx context.Context
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvB(t) }
+
+func newEnvB(t testing.TB) *env {
 	t.Helper()
 	_, url := natstest.Run(t)
 	nc := natstest.Connect(t, url)
@@ -582,5 +584,49 @@ func TestFormatEvent(t *testing.T) {
 		if got := formatEvent(b, time.UTC); got != tt.want {
 			t.Errorf("formatEvent =\n %q\nwant\n %q", got, tt.want)
 		}
+	}
+}
+
+// Against the repository's nats.conf, each user can send what it may, and a
+// refused publish fails at once with the server's reason.
+func TestPermissionsFromNATSConf(t *testing.T) {
+	_, url := natstest.RunWithConfig(t, "../../nats.conf")
+	nc := natstest.Connect(t, url, nats.UserInfo("ctxpipe", "ctxpipe-demo-password"))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := bus.EnsureStreams(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	sample := "../../examples/sample-session.jsonl"
+	tests := []struct {
+		name   string
+		user   string
+		args   []string
+		code   int
+		stderr string
+	}{
+		{"agent publishes turns", "agent", []string{"publish", "--conv", "s1", sample}, 0, "0 duplicates"},
+		{"agent reports overflow", "agent", []string{"overflow", "--conv", "s1"}, 0, "published overflow"},
+		{"agent may not condense", "agent", []string{"condense", "--conv", "s1"}, 1, `Permissions Violation for Publish to "ctx.in.s1.condense"`},
+		{"ui may not publish turns", "ui", []string{"publish", "--conv", "s1", sample}, 1, `Permissions Violation for Publish to "ctx.in.s1.turn"`},
+		{"ui condenses", "ui", []string{"condense", "--conv", "s1"}, 0, "published condense"},
+		{"ui rewinds", "ui", []string{"rewind", "--conv", "s1", "--ts", "1750000000001"}, 0, "published rewind"},
+		{"ui replays", "ui", []string{"replay", "--conv", "s1"}, 0, "s1: 0 events"},
+		{"agent may not replay", "agent", []string{"replay", "--conv", "s1"}, 1, "Permissions Violation"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{tt.args[0], "--nats-url", url, "--nats-user", tt.user,
+				"--nats-password", tt.user + "-demo-password"}, tt.args[1:]...)
+			var out, errb syncBuffer
+			code := run(ctx, args, &out, &errb)
+			if code != tt.code || !strings.Contains(errb.String(), tt.stderr) {
+				t.Fatalf("exit %d, stderr %q; want exit %d mentioning %q", code, errb.String(), tt.code, tt.stderr)
+			}
+		})
 	}
 }

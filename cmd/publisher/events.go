@@ -57,21 +57,26 @@ func runFollow(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	cons, err := js.OrderedConsumer(ctx, bus.StreamEvents, cfg)
+	gctx, cancel := c.guard(ctx)
+	defer cancel()
+	cons, err := js.OrderedConsumer(gctx, bus.StreamEvents, cfg)
 	if err != nil {
-		return fmt.Errorf("follow %s: %w", bus.StreamEvents, err)
+		return fmt.Errorf("follow %s: %w", bus.StreamEvents, c.refused(err))
 	}
 	it, err := cons.Messages()
 	if err != nil {
 		return fmt.Errorf("follow %s: %w", bus.StreamEvents, err)
 	}
 	go func() { // Next blocks; stopping the iterator ends it.
-		<-ctx.Done()
+		<-gctx.Done()
 		it.Stop()
 	}()
 	for {
 		m, err := it.Next()
 		if err != nil {
+			if p := c.permission(); p != nil {
+				return fmt.Errorf("follow: %w", p)
+			}
 			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil // interrupted: a normal end of follow
 			}
@@ -100,9 +105,11 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	n, err := replay(ctx, js, eventFilter(*conv), func(data []byte) { printEvent(c, data, *asJSON) })
+	gctx, cancel := c.guard(ctx)
+	defer cancel()
+	n, err := replay(gctx, js, eventFilter(*conv), func(data []byte) { printEvent(c, data, *asJSON) })
 	if err != nil {
-		return err
+		return c.refused(err)
 	}
 	fmt.Fprintf(c.stderr, "%s: %d events\n", *conv, n)
 	return nil

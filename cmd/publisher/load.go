@@ -51,7 +51,8 @@ func runLoad(ctx context.Context, c *cli, args []string) error {
 	fmt.Fprintf(c.stderr, "load: %d conversations × %d turns, size %s, seed %d\n", *convs, *turns, size, *seed)
 
 	var waiter *e2eWaiter
-	p := &publisher{js: js, rate: *rate, progress: newProgress(c.stderr, "published", *convs**turns)}
+	p := &publisher{js: js, rate: *rate, progress: newProgress(c.stderr, "published", *convs**turns),
+		denied: c.denied, deniedErr: c.permission}
 	if *wait {
 		waiter = newE2EWaiter(ctx, nc, *waitTimeout)
 		p.onAck = func(t *schema.Turn, sent time.Time) {

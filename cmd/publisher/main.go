@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/nats-io/nats.go"
@@ -59,6 +60,31 @@ type cli struct {
 	stdout io.Writer
 	stderr io.Writer
 	conn   bus.ConnConfig
+
+	// denied is closed at the server's first permission violation, so a
+	// refused publish fails at once instead of waiting for an ack that
+	// never comes; deniedErr says what was refused.
+	denied     chan struct{}
+	deniedOnce sync.Once
+	deniedErr  error
+}
+
+// deny records a permission violation (nats calls it on its own goroutine).
+func (c *cli) deny(err error) {
+	c.deniedOnce.Do(func() {
+		c.deniedErr = err
+		close(c.denied)
+	})
+}
+
+// permission returns the recorded violation, if any.
+func (c *cli) permission() error {
+	select {
+	case <-c.denied:
+		return c.deniedErr
+	default:
+		return nil
+	}
 }
 
 // usageError is a bad command line: exit code 2 and the command's usage.
@@ -91,7 +117,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		printHelp(stderr)
 		return 2
 	}
-	cl := &cli{name: args[0], stdout: stdout, stderr: stderr}
+	cl := &cli{name: args[0], stdout: stdout, stderr: stderr, denied: make(chan struct{})}
 	err := c.run(ctx, cl, args[1:])
 	var ue usageError
 	switch {
@@ -175,7 +201,14 @@ func (c *cli) connect(opts ...jetstream.JetStreamOpt) (*nats.Conn, jetstream.Jet
 	if cfg.Name == "" {
 		cfg.Name = "ctxpipe-publisher-" + c.name
 	}
-	nc, err := bus.Connect(cfg, nats.MaxReconnects(5))
+	nc, err := bus.Connect(cfg, nats.MaxReconnects(5),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				c.deny(err)
+				return
+			}
+			fmt.Fprintf(c.stderr, "nats: %v\n", err)
+		}))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -185,4 +218,50 @@ func (c *cli) connect(opts ...jetstream.JetStreamOpt) (*nats.Conn, jetstream.Jet
 		return nil, nil, fmt.Errorf("jetstream: %w", err)
 	}
 	return nc, js, nil
+}
+
+// guard returns a context that ends at the server's first permission
+// violation, so a refused JetStream API call (say, creating a consumer the
+// user may not create) fails at once; context.Cause tells why.
+func (c *cli) guard(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-c.denied:
+			cancel(c.deniedErr)
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(nil) }
+}
+
+// refused prefers the recorded permission violation over err, which is then
+// only its symptom (a cancelled request).
+func (c *cli) refused(err error) error {
+	if p := c.permission(); p != nil && err != nil {
+		return p
+	}
+	return err
+}
+
+// publishInput is bus.PublishInput that fails as soon as the server refuses
+// the publish (a user not allowed to send this kind of input).
+func (c *cli) publishInput(ctx context.Context, js jetstream.JetStream, subj, id string, data []byte) (*jetstream.PubAck, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		ack *jetstream.PubAck
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ack, err := bus.PublishInput(ctx, js, subj, id, data)
+		done <- result{ack, err}
+	}()
+	select {
+	case r := <-done:
+		return r.ack, r.err
+	case <-c.denied:
+		return nil, fmt.Errorf("publish %s: %w", subj, c.deniedErr)
+	}
 }

@@ -56,7 +56,8 @@ func runPublish(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	p := &publisher{js: js, rate: *rate, progress: newProgress(c.stderr, "published", len(turns))}
+	p := &publisher{js: js, rate: *rate, progress: newProgress(c.stderr, "published", len(turns)),
+		denied: c.denied, deniedErr: c.permission}
 	next := sliceSource(turns)
 	st, err := p.run(ctx, next)
 	fmt.Fprintln(c.stderr, st.summary())
@@ -135,6 +136,10 @@ type publisher struct {
 	progress *progress
 	// onAck, if set, is called after each turn is acked (by the collector).
 	onAck func(t *schema.Turn, sent time.Time)
+	// denied, when closed, means the server refused our publishes;
+	// deniedErr then says why.
+	denied    <-chan struct{}
+	deniedErr func() error
 }
 
 // pubStats is what a run measured.
@@ -220,6 +225,14 @@ func (p *publisher) run(ctx context.Context, next source) (pubStats, error) {
 			sendErr = ctx.Err()
 			break
 		}
+		select {
+		case <-p.denied:
+			sendErr = fmt.Errorf("publish: %w", p.deniedErr())
+		default:
+		}
+		if sendErr != nil {
+			break
+		}
 		data, err := schema.Marshal(t)
 		if err != nil {
 			sendErr = fmt.Errorf("encode turn %s: %w", t.ID, err)
@@ -258,6 +271,8 @@ func (p *publisher) await(ctx context.Context, f inflight) (*jetstream.PubAck, e
 	case err = <-f.fut.Err():
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	case <-p.denied:
+		return nil, fmt.Errorf("publish %s: %w", f.subj, p.deniedErr())
 	}
 	for attempt := 0; attempt < 3 && ctx.Err() == nil; attempt++ {
 		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -60,7 +59,7 @@ func runControl(kind schema.InputKind) func(context.Context, *cli, []string) err
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		subj := schema.InputSubject(*conv, kind)
-		ack, err := bus.PublishInput(pctx, js, subj, in.ID, data)
+		ack, err := c.publishInput(pctx, js, subj, in.ID, data)
 		if err != nil {
 			return err
 		}
