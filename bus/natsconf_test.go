@@ -141,8 +141,19 @@ func TestNATSConfPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ctxpipe creates the bucket: %v", err)
 	}
+	// Profile changes apply without restart: the service watches the bucket.
+	w, err := kv.Watch(ctx, "default", jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatalf("ctxpipe watches profiles: %v", err)
+	}
+	defer w.Stop()
 	if _, err := kv.Put(ctx, "default", []byte(`{"id":"default","context_window":16000}`)); err != nil {
 		t.Fatalf("ctxpipe writes a profile: %v", err)
+	}
+	for e := range w.Updates() {
+		if e != nil && e.Key() == "default" {
+			break
+		}
 	}
 	if e, err := kv.Get(ctx, "default"); err != nil || !strings.Contains(string(e.Value()), "16000") {
 		t.Fatalf("ctxpipe reads a profile: %v", err)
