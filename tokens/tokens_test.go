@@ -1,0 +1,178 @@
+package tokens
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	tiktoken "github.com/pkoukk/tiktoken-go"
+	tiktokenloader "github.com/pkoukk/tiktoken-go-loader"
+
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// words counts whitespace-separated words: an easy TextCounter to reason about.
+type words struct{}
+
+func (words) Count(s string) int { return len(strings.Fields(s)) }
+
+func TestCountingRules(t *testing.T) {
+	img := func(data string) schema.Block {
+		return schema.Block{Type: schema.BlockImage, Source: &schema.ImageSource{Type: "base64", MediaType: "image/png", Data: data}}
+	}
+	text := func(s string) schema.Block { return schema.Block{Type: schema.BlockText, Text: s} }
+	nested := schema.BlockContent(text("a b"), img("xx"), schema.Block{Type: "document"})
+	str := schema.TextContent("one two three")
+	cases := []struct {
+		name    string
+		content schema.Content
+		fudge   float64
+		want    int
+	}{
+		{"empty string", schema.TextContent(""), 1.5, 0},
+		{"empty blocks", schema.BlockContent(), 1.5, 0},
+		{"string", schema.TextContent("one two three"), 1, 3},
+		{"fudge rounds up once", schema.TextContent("one two three"), 1.5, 5}, // ceil(4.5)
+		{"fudge on the sum, not per block", schema.BlockContent(text("a"), text("b"), text("c")), 1.5, 5},
+		{"image with data: ceil(sqrt(len))", schema.BlockContent(img(strings.Repeat("A", 1000))), 1, 32},
+		{"image without data: 300", schema.BlockContent(schema.Block{Type: schema.BlockImage, Source: &schema.ImageSource{Type: "url", URL: "https://x/y.png"}}), 1, 300},
+		{"reasoning is not counted", schema.BlockContent(schema.Block{Type: schema.BlockReasoning, Text: "lots of hidden thought"}), 1, 0},
+		// "Tool: bash\nArguments: {\"cmd\":\"ls -la\"}" → 5 words
+		{"tool_use", schema.BlockContent(schema.Block{Type: schema.BlockToolUse, ID: "c1", Name: "bash", Input: json.RawMessage(`{"cmd":"ls -la"}`)}), 1, 5},
+		// "Tool Result (c1)\n[Error]\none two three" → 7 words
+		{"tool_result error", schema.BlockContent(schema.Block{Type: schema.BlockToolResult, ToolUseID: "c1", IsError: true, Content: &str}), 1, 7},
+		// items: "a b", "[Image content]", "[Unsupported content block: document]"
+		{"tool_result items", schema.BlockContent(schema.Block{Type: schema.BlockToolResult, ToolUseID: "c1", Content: &nested}), 1, 3 + 2 + 2 + 4},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := (Counter{Text: words{}, Fudge: c.fudge}).Content(c.content); got != c.want {
+				t.Fatalf("count = %d, want %d", got, c.want)
+			}
+		})
+	}
+}
+
+func TestSerializations(t *testing.T) {
+	// The input's own key order and characters are counted: re-encoding
+	// through a map would sort keys and escape <>&.
+	in := json.RawMessage(`{"z":"a<b>&c","a":1}`)
+	b := schema.Block{Type: schema.BlockToolUse, Name: "edit", Input: in}
+	if got, want := SerializeToolUse(&b), "Tool: edit\nArguments: {\"z\":\"a<b>&c\",\"a\":1}"; got != want {
+		t.Fatalf("got %q want %q", got, want)
+	}
+	b.Input = json.RawMessage("{ \"z\" : \"a b\",\n \"a\": 1 }")
+	if got, want := SerializeToolUse(&b), "Tool: edit\nArguments: {\"z\":\"a b\",\"a\":1}"; got != want {
+		t.Fatalf("whitespace outside strings is not counted: %q", got)
+	}
+	b.Input = nil
+	if got := SerializeToolUse(&b); got != "Tool: edit" {
+		t.Fatalf("no input: %q", got)
+	}
+	empty := schema.TextContent("")
+	r := schema.Block{Type: schema.BlockToolResult, ToolUseID: "x", Content: &empty}
+	if got := SerializeToolResult(&r); got != "Tool Result (x)\n" {
+		t.Fatalf("empty string content: %q", got)
+	}
+}
+
+func TestChars(t *testing.T) {
+	cases := map[string]int{
+		"":          0,
+		"abcd":      1,                              // 4 × 0.25
+		"abcde":     2,                              // 1.25 → 2
+		"日本語":       4,                              // 3 × 1.3 = 3.9 → 4
+		"go 日本":     int(math.Ceil(3*0.25 + 2*1.3)), // 3.35 → 4
+		"\xff\xfe":  3,                              // invalid bytes count as non-ASCII runes
+		"emoji 🙂ok": int(math.Ceil(8*0.25 + 1.3)),
+	}
+	for s, want := range cases {
+		if got := (Chars{}).Count(s); got != want {
+			t.Errorf("Chars(%q) = %d, want %d", s, got, want)
+		}
+	}
+}
+
+// TestExactMatchesTiktoken counts every message of the real transcripts with
+// the engine's counter and with pkoukk/tiktoken-go as the oracle.
+func TestExactMatchesTiktoken(t *testing.T) {
+	tiktoken.SetBpeLoader(tiktokenloader.NewOfflineLoader())
+	enc, err := tiktoken.GetEncoding(tiktoken.MODEL_O200K_BASE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oracle := Counter{Text: counterFunc(func(s string) int { return len(enc.Encode(s, nil, nil)) }), Fudge: 1.5}
+	p := schema.Profile{}
+	ours, err := ForProfile(&p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob("../../shared/data/transcripts/*.jsonl")
+	if len(files) == 0 {
+		t.Fatal("transcripts not found at ../../shared/data/transcripts")
+	}
+	limit := 4
+	if testing.Short() {
+		limit = 1
+	}
+	n := 0
+	for _, f := range files[:min(limit, len(files))] {
+		fh, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(fh)
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		for sc.Scan() {
+			var turn schema.Turn
+			if err := json.Unmarshal(sc.Bytes(), &turn); err != nil {
+				t.Fatal(err)
+			}
+			if a, b := ours.Content(turn.Content), oracle.Content(turn.Content); a != b {
+				t.Fatalf("%s %s: ours %d, tiktoken %d", filepath.Base(f), turn.ID, a, b)
+			}
+			n++
+		}
+		fh.Close()
+	}
+	t.Logf("%d messages counted identically", n)
+}
+
+type counterFunc func(string) int
+
+func (f counterFunc) Count(s string) int { return f(s) }
+
+// TestCountsOffline proves counting needs no network: every HTTP request
+// fails, and counting still works and makes none.
+func TestCountsOffline(t *testing.T) {
+	orig := http.DefaultTransport
+	var tried []string
+	http.DefaultTransport = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		tried = append(tried, r.URL.String())
+		return nil, errors.New("no network in this test")
+	})
+	t.Setenv("HTTPS_PROXY", "http://127.0.0.1:1")
+	t.Setenv("HTTP_PROXY", "http://127.0.0.1:1")
+	defer func() { http.DefaultTransport = orig }()
+	p := schema.Profile{}
+	c, err := ForProfile(&p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Content(schema.TextContent("hello world")); got != 3 { // 2 tokens × 1.5
+		t.Fatalf("count %d", got)
+	}
+	if len(tried) > 0 {
+		t.Fatalf("counting tried the network: %v", tried)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
