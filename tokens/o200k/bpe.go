@@ -1,13 +1,16 @@
 package o200k
 
-import "math"
+import (
+	"math"
+	"sync"
+)
 
 // noRank marks an adjacent pair whose concatenation is not a token.
 const noRank = math.MaxUint32
 
-// smallPiece is the size of the callers' stack buffers for ids (and of the
-// linear merge's arrays); longer pieces allocate.
-const smallPiece = 64
+// smallPiece is the size of the callers' stack buffers for ids; longer
+// pieces allocate their id slice.
+const smallPiece = 128
 
 // linearMax is the longest piece merged by the linear scan, which is
 // quadratic but has the least overhead. Measured here, it wins on English
@@ -32,14 +35,14 @@ func (v *vocab) merge(piece string, ids []uint32) int {
 	return v.mergeLinear(piece, ids)
 }
 
-// mergeLinear is merge for short pieces (at most smallPiece bytes): a linear
-// scan for the best pair over arrays on the stack.
+// mergeLinear is merge for short pieces (at most linearMax bytes): a linear
+// scan for the best pair over small arrays on the stack.
 func (v *vocab) mergeLinear(piece string, ids []uint32) int {
 	// Parts are kept as parallel arrays compacted after every merge:
 	// start[i] is where part i begins (start[m] == len(piece)), id[i] its
 	// token id, and rank[i] the rank of part i joined with part i+1.
-	var start [smallPiece + 1]uint8
-	var rank [smallPiece]uint32
+	var start [linearMax + 1]uint8
+	var rank [linearMax]uint32
 	n := len(piece)
 	for i := 0; i < n; i++ {
 		start[i] = uint8(i)
@@ -87,23 +90,19 @@ func (v *vocab) mergeLinear(piece string, ids []uint32) int {
 // have distinct ranks, so a stale entry can never look current.
 func (v *vocab) mergeLarge(piece string, ids []uint32) int {
 	n := len(piece)
-	var (
-		next  []int32  // offset of the following part, n at the end
-		prev  []int32  // offset of the preceding part, -1 at the start
-		cur   []uint32 // current pair rank of the part starting here
-		id    []uint32 // token id of the part starting here
-		alive []bool
-		h     pairHeap
-		buf   heapBufs
-	)
-	if n <= smallPiece {
-		// Pieces up to smallPiece bytes use stack buffers, so the common
-		// long-but-not-huge pieces (CJK clauses) do not allocate.
-		next, prev, cur, id, alive, h = buf.next[:n], buf.prev[:n], buf.cur[:n], buf.id[:n], buf.alive[:n], buf.heap[:0]
-	} else {
-		next, prev, cur, id, alive = make([]int32, n), make([]int32, n), make([]uint32, n), make([]uint32, n), make([]bool, n)
-		h = make(pairHeap, 0, 2*n)
-	}
+	sc := scratchPool.Get().(*mergeScratch)
+	defer func() {
+		if n <= maxPooledPiece {
+			scratchPool.Put(sc)
+		}
+	}()
+	sc.grow(n)
+	next := sc.next[:n]   // offset of the following part, n at the end
+	prev := sc.prev[:n]   // offset of the preceding part, -1 at the start
+	cur := sc.cur[:n]     // current pair rank of the part starting here
+	id := sc.id[:n]       // token id of the part starting here
+	alive := sc.alive[:n] // whether a part starts here
+	h := sc.heap[:0]
 	for i := 0; i < n; i++ {
 		next[i], prev[i], alive[i] = int32(i+1), int32(i-1), true
 		id[i] = v.byteRank[piece[i]]
@@ -152,6 +151,7 @@ func (v *vocab) mergeLarge(piece string, ids []uint32) int {
 			}
 		}
 	}
+	sc.heap = h[:0] // keep a grown heap for the next piece
 	m := 0
 	for p := int32(0); p < int32(n); p = next[p] {
 		ids[m] = id[p]
@@ -160,14 +160,33 @@ func (v *vocab) mergeLarge(piece string, ids []uint32) int {
 	return m
 }
 
-// heapBufs holds mergeLarge's working arrays for pieces of up to smallPiece
-// bytes. The heap never holds more than n-1 initial entries plus two per
-// merge, i.e. under 3n.
-type heapBufs struct {
-	next, prev [smallPiece]int32
-	cur, id    [smallPiece]uint32
-	alive      [smallPiece]bool
-	heap       [3 * smallPiece]pairEntry
+// mergeScratch is mergeLarge's working memory. It is pooled rather than put
+// on the stack because zeroing a stack frame big enough for long pieces
+// would cost more than the merge of a typical 20-byte piece; every slot used
+// is initialized before it is read.
+type mergeScratch struct {
+	next, prev []int32
+	cur, id    []uint32
+	alive      []bool
+	heap       pairHeap
+}
+
+// maxPooledPiece keeps huge pieces' buffers out of the pool.
+const maxPooledPiece = 4096
+
+var scratchPool = sync.Pool{New: func() any { return new(mergeScratch) }}
+
+func (s *mergeScratch) grow(n int) {
+	if cap(s.next) >= n {
+		return
+	}
+	n = max(n, smallPiece)
+	s.next, s.prev = make([]int32, n), make([]int32, n)
+	s.cur, s.id = make([]uint32, n), make([]uint32, n)
+	s.alive = make([]bool, n)
+	// n-1 initial pairs plus at most two pushes per merge, less one pop
+	// per merge, stay under 2n; append grows it if ever needed.
+	s.heap = make(pairHeap, 0, 2*n)
 }
 
 type pairEntry struct {
@@ -190,7 +209,7 @@ func (h pairHeap) init() {
 }
 
 // push and pop return the updated heap rather than working through a
-// pointer, which lets a heap backed by a stack array stay on the stack.
+// pointer, which keeps the slice header in registers.
 func (h pairHeap) push(e pairEntry) pairHeap {
 	s := append(h, e)
 	i := len(s) - 1

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"unicode"
 	"unicode/utf8"
+
+	tiktoken_loader "github.com/pkoukk/tiktoken-go-loader"
 )
 
 func TestAdversarialTable(t *testing.T) {
@@ -178,29 +180,100 @@ func TestClassTable(t *testing.T) {
 	}
 }
 
-// TestMergeLarge cross-checks the heap-based merge against the linear one on
-// pieces short enough for both.
-func TestMergeLarge(t *testing.T) {
+// naiveMerge is an independent oracle for the merge: tiktoken's algorithm
+// written as plainly as possible over the loader's own map, so it shares
+// neither the rank tables nor the merge code with the package.
+func naiveMerge(ranks map[string]int, piece string) []uint32 {
+	bounds := make([]int, len(piece)+1) // part i is piece[bounds[i]:bounds[i+1]]
+	for i := range bounds {
+		bounds[i] = i
+	}
+	for {
+		best, at := -1, -1
+		for i := 0; i+2 < len(bounds); i++ {
+			if r, ok := ranks[piece[bounds[i]:bounds[i+2]]]; ok && (best < 0 || r < best) {
+				best, at = r, i
+			}
+		}
+		if at < 0 {
+			break
+		}
+		bounds = append(bounds[:at+1], bounds[at+2:]...)
+	}
+	out := make([]uint32, len(bounds)-1)
+	for i := range out {
+		out[i] = uint32(ranks[piece[bounds[i]:bounds[i+1]]])
+	}
+	return out
+}
+
+var loaderRanks = sync.OnceValue(func() map[string]int {
+	m, err := tiktoken_loader.NewOfflineLoader().LoadTiktokenBpe(rankFile)
+	if err != nil {
+		panic(err)
+	}
+	return m
+})
+
+// TestMerge checks both merge algorithms, and with them the packed rank
+// tables, against naiveMerge on random pieces of 2 to 300 bytes.
+func TestMerge(t *testing.T) {
 	v, err := loadVocab()
 	if err != nil {
 		t.Fatal(err)
 	}
+	ranks := loaderRanks()
 	r := rand.New(rand.NewPCG(5, 6))
-	words := []string{"a", "b", "an", "the", "ing", "ation", "中", "文", "😀", " ", "1", "x", "\xff", "é", "e"}
-	var small, large [smallPiece]uint32
-	for i := 0; i < 20000; i++ {
+	words := []string{"a", "b", "an", "the", "ing", "ation", "中", "文", "天气", "😀", " ", "1", "x", "\xff", "é", "e", "=", "\x00", "ab\x00"}
+	n := 20000
+	if raceEnabled || testing.Short() {
+		n = 3000
+	}
+	for i := 0; i < n; i++ {
+		limit := 40
+		if i%40 == 0 {
+			limit = 300
+		}
 		var b strings.Builder
-		for b.Len() < smallPiece-4 && r.IntN(16) != 0 {
+		for b.Len() < limit && r.IntN(limit/3) != 0 {
 			b.WriteString(words[r.IntN(len(words))])
 		}
 		p := b.String()
 		if len(p) < 2 {
 			continue
 		}
-		ns := v.mergeLinear(p, small[:len(p)])
-		nl := v.mergeLarge(p, large[:len(p)])
-		if ns != nl || !equalU32(small[:ns], large[:nl]) {
-			t.Fatalf("piece %q: linear %v, heap %v", p, small[:ns], large[:nl])
+		want := naiveMerge(ranks, p)
+		got := make([]uint32, len(p))
+		if len(p) <= linearMax {
+			if k := v.mergeLinear(p, got); !equalU32(got[:k], want) {
+				t.Fatalf("piece %q: linear %v, want %v", p, got[:k], want)
+			}
+		}
+		if k := v.mergeLarge(p, got); !equalU32(got[:k], want) {
+			t.Fatalf("piece %q: heap %v, want %v", p, got[:k], want)
+		}
+	}
+}
+
+// TestRankTables checks every token's id through rankOf, and a sample of
+// non-tokens, against the loader's map.
+func TestRankTables(t *testing.T) {
+	v, err := loadVocab()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ranks := loaderRanks()
+	for tok, id := range ranks {
+		if got := v.rankOf(tok, 0, len(tok)); got != uint32(id) {
+			t.Fatalf("rankOf(%q) = %d, want %d", tok, got, id)
+		}
+		// A token with one byte changed or appended is usually not a token.
+		for _, alt := range []string{tok + "\x00", tok[:len(tok)-1] + "\x00", "\x00" + tok} {
+			want, ok := ranks[alt]
+			got := v.rankOf(alt, 0, len(alt))
+			if (got != noRank) != ok || (ok && got != uint32(want)) {
+				t.Fatalf("rankOf(%q) = %d, want %d (present %v)", alt, got, want, ok)
+			}
 		}
 	}
 }
