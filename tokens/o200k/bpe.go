@@ -18,26 +18,30 @@ const smallPiece = 128
 // faster from about 12 bytes and 35-50% faster from 30 bytes.
 const linearMax = 16
 
-// pairRank returns the rank of piece[a:b], or noRank.
-func (v *vocab) pairRank(piece string, a, b int) uint32 {
-	return v.rankOf(piece, a, b)
+// pairRank returns the rank of bytes a..b of the piece text[lo:], or noRank.
+// Looking up through the whole text rather than the piece lets rankOf use
+// one 8-byte load even for strings at the end of the piece.
+func (v *vocab) pairRank(text string, lo, a, b int) uint32 {
+	return v.rankOf(text, lo+a, lo+b)
 }
 
-// merge byte-pair-encodes piece (which is not itself a token) into ids and
-// returns the number of tokens. ids must have room for len(piece) entries.
+// merge byte-pair-encodes the piece text[lo:hi] (which is not itself a
+// token) into ids and returns the number of tokens. ids must have room for
+// hi-lo entries.
 //
 // The rule is tiktoken's: while some adjacent pair of parts concatenates to a
 // token, merge the pair with the lowest rank, the leftmost one on ties.
-func (v *vocab) merge(piece string, ids []uint32) int {
-	if len(piece) > linearMax {
-		return v.mergeLarge(piece, ids)
+func (v *vocab) merge(text string, lo, hi int, ids []uint32) int {
+	if hi-lo > linearMax {
+		return v.mergeLarge(text, lo, hi, ids)
 	}
-	return v.mergeLinear(piece, ids)
+	return v.mergeLinear(text, lo, hi, ids)
 }
 
 // mergeLinear is merge for short pieces (at most linearMax bytes): a linear
 // scan for the best pair over small arrays on the stack.
-func (v *vocab) mergeLinear(piece string, ids []uint32) int {
+func (v *vocab) mergeLinear(text string, lo, hi int, ids []uint32) int {
+	piece := text[lo:hi]
 	// Parts are kept as parallel arrays compacted after every merge:
 	// start[i] is where part i begins (start[m] == len(piece)), id[i] its
 	// token id, and rank[i] the rank of part i joined with part i+1.
@@ -50,7 +54,7 @@ func (v *vocab) mergeLinear(piece string, ids []uint32) int {
 	}
 	start[n] = uint8(n)
 	for i := 0; i+1 < n; i++ {
-		rank[i] = v.pairRank(piece, i, i+2)
+		rank[i] = v.pairRank(text, lo, i, i+2)
 	}
 	m := n // number of parts
 	for m > 1 {
@@ -70,12 +74,12 @@ func (v *vocab) mergeLinear(piece string, ids []uint32) int {
 		copy(rank[at+1:m-1], rank[at+2:m])
 		m--
 		if at+1 < m {
-			rank[at] = v.pairRank(piece, int(start[at]), int(start[at+2]))
+			rank[at] = v.pairRank(text, lo, int(start[at]), int(start[at+2]))
 		} else {
 			rank[at] = noRank
 		}
 		if at > 0 {
-			rank[at-1] = v.pairRank(piece, int(start[at-1]), int(start[at+1]))
+			rank[at-1] = v.pairRank(text, lo, int(start[at-1]), int(start[at+1]))
 		}
 	}
 	return m
@@ -88,7 +92,8 @@ func (v *vocab) mergeLinear(piece string, ids []uint32) int {
 // only while its left part still exists and its recorded pair rank is still
 // the current one. A part's pair only ever grows, and distinct byte strings
 // have distinct ranks, so a stale entry can never look current.
-func (v *vocab) mergeLarge(piece string, ids []uint32) int {
+func (v *vocab) mergeLarge(text string, lo, hi int, ids []uint32) int {
+	piece := text[lo:hi]
 	n := len(piece)
 	sc := scratchPool.Get().(*mergeScratch)
 	defer func() {
@@ -108,7 +113,7 @@ func (v *vocab) mergeLarge(piece string, ids []uint32) int {
 		id[i] = v.byteRank[piece[i]]
 		cur[i] = noRank
 		if i+2 <= n {
-			if r := v.pairRank(piece, i, i+2); r != noRank {
+			if r := v.pairRank(text, lo, i, i+2); r != noRank {
 				cur[i] = r
 				h = append(h, pairEntry{r, int32(i)})
 			}
@@ -138,14 +143,14 @@ func (v *vocab) mergeLarge(piece string, ids []uint32) int {
 		// p's pair now reaches one part further; so does its left neighbour's.
 		cur[p] = noRank
 		if next[p] < int32(n) {
-			if r := v.pairRank(piece, int(p), end(next[p])); r != noRank {
+			if r := v.pairRank(text, lo, int(p), end(next[p])); r != noRank {
 				cur[p] = r
 				h = h.push(pairEntry{r, p})
 			}
 		}
 		if l := prev[p]; l >= 0 {
 			cur[l] = noRank
-			if r := v.pairRank(piece, int(l), int(next[p])); r != noRank {
+			if r := v.pairRank(text, lo, int(l), int(next[p])); r != noRank {
 				cur[l] = r
 				h = h.push(pairEntry{r, l})
 			}

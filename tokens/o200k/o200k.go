@@ -146,11 +146,11 @@ func (e *Encoder) encode(text string, out []int, wantIDs bool) ([]int, int) {
 	count := 0
 	var scratch [smallPiece]uint32
 	for i := 0; i < len(text); {
-		j := nextPiece(text, i)
-		piece := text[i:j]
-		i = j
-		// Most pieces are a single token: one map lookup and done.
-		if id := v.rankOf(piece, 0, len(piece)); id != noRank {
+		lo, hi := i, nextPiece(text, i)
+		piece := text[lo:hi]
+		i = hi
+		// Most pieces are a single token: one table lookup and done.
+		if id := v.rankOf(text, lo, hi); id != noRank {
 			count++
 			if wantIDs {
 				out = append(out, int(id))
@@ -164,14 +164,14 @@ func (e *Encoder) encode(text string, out []int, wantIDs bool) ([]int, int) {
 			if ok {
 				ids = cached
 			} else {
-				ids = scratch[:v.merge(piece, scratch[:len(piece)])]
+				ids = scratch[:v.merge(text, lo, hi, scratch[:len(piece)])]
 				e.cache.put(h, piece, ids)
 			}
 		} else if len(piece) <= smallPiece {
-			ids = scratch[:v.merge(piece, scratch[:len(piece)])]
+			ids = scratch[:v.merge(text, lo, hi, scratch[:len(piece)])]
 		} else {
 			big := make([]uint32, len(piece))
-			ids = big[:v.merge(piece, big)]
+			ids = big[:v.merge(text, lo, hi, big)]
 		}
 		count += len(ids)
 		if wantIDs {

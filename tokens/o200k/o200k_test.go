@@ -245,11 +245,11 @@ func TestMerge(t *testing.T) {
 		want := naiveMerge(ranks, p)
 		got := make([]uint32, len(p))
 		if len(p) <= linearMax {
-			if k := v.mergeLinear(p, got); !equalU32(got[:k], want) {
+			if k := v.mergeLinear(p, 0, len(p), got); !equalU32(got[:k], want) {
 				t.Fatalf("piece %q: linear %v, want %v", p, got[:k], want)
 			}
 		}
-		if k := v.mergeLarge(p, got); !equalU32(got[:k], want) {
+		if k := v.mergeLarge(p, 0, len(p), got); !equalU32(got[:k], want) {
 			t.Fatalf("piece %q: heap %v, want %v", p, got[:k], want)
 		}
 	}
