@@ -11,7 +11,8 @@ type Config struct {
 	Consumer string
 	// Lanes is how many conversations are worked on at once.
 	Lanes int
-	// LaneBuffer is how many inputs may wait in one lane.
+	// LaneBuffer is how many inputs per lane may be fetched ahead; with
+	// MaxBatch it sizes the consumer's MaxAckPending, which bounds memory.
 	LaneBuffer int
 	// LaneBatch is how many waiting inputs a lane applies before one commit.
 	LaneBatch int

@@ -37,7 +37,7 @@ type Runner struct {
 	Deps
 	waiters *waiters
 
-	lanes   []chan *job
+	lanes   []*laneQueue
 	commits chan *commitReq
 
 	heldMu sync.Mutex
@@ -116,15 +116,15 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 	}()
 
-	r.lanes = make([]chan *job, r.cfg.Lanes)
+	r.lanes = make([]*laneQueue, r.cfg.Lanes)
 	r.commits = make(chan *commitReq, r.cfg.Lanes)
 	var lanes, committer sync.WaitGroup
 	for i := range r.lanes {
-		r.lanes[i] = make(chan *job, r.cfg.LaneBuffer)
+		r.lanes[i] = newLaneQueue()
 		lanes.Add(1)
-		go func(in chan *job) {
+		go func(q *laneQueue) {
 			defer lanes.Done()
-			r.lane(work, in)
+			r.lane(work, q)
 		}(r.lanes[i])
 	}
 	committer.Add(1)
@@ -147,7 +147,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		r.dispatch(msg)
 	}
 	for _, l := range r.lanes {
-		close(l)
+		l.close()
 	}
 	lanes.Wait()
 	close(r.commits)
@@ -169,7 +169,7 @@ func (r *Runner) dispatch(msg jetstream.Msg) {
 		j.conv = conv
 	}
 	r.hold(j)
-	r.lanes[laneOf(j.conv, len(r.lanes))] <- j
+	r.lanes[laneOf(j.conv, len(r.lanes))].push(j)
 }
 
 func (r *Runner) hold(j *job) {
@@ -224,20 +224,11 @@ func (r *Runner) heartbeat(done <-chan struct{}) {
 // lane applies one partition set's inputs, one at a time and in order. It
 // takes what is queued (up to LaneBatch), applies it against an in-memory
 // overlay of the not-yet-committed results, commits once, then acks.
-func (r *Runner) lane(ctx context.Context, in chan *job) {
-	for j := range in {
-		batch := []*job{j}
-	more:
-		for len(batch) < r.cfg.LaneBatch {
-			select {
-			case j2, ok := <-in:
-				if !ok {
-					break more
-				}
-				batch = append(batch, j2)
-			default:
-				break more
-			}
+func (r *Runner) lane(ctx context.Context, q *laneQueue) {
+	for {
+		batch := q.pop(r.cfg.LaneBatch)
+		if batch == nil {
+			return
 		}
 		if ctx.Err() != nil {
 			r.giveBack(batch)
@@ -326,14 +317,40 @@ func (r *Runner) giveBack(batch []*job) {
 // prepare runs the engine over a lane batch. Each conversation's state and
 // history are read from the store once and then carried forward in memory,
 // so the inputs of one batch see each other's effects before they commit.
+// Duplicates are found for the whole batch in one query.
 func (r *Runner) prepare(ctx context.Context, batch []*job) ([]store.Entry, error) {
+	type item struct {
+		in  schema.Input
+		rej *store.Entry
+	}
+	items := make([]item, len(batch))
+	ids := make([]string, 0, len(batch))
+	for i, j := range batch {
+		in, rej := r.decode(j)
+		items[i] = item{in, rej}
+		if rej == nil {
+			ids = append(ids, in.ID)
+		}
+	}
+	stored, err := r.Store.Seen(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
 	views := map[string]*convView{}
 	seen := map[string]bool{}
 	entries := make([]store.Entry, 0, len(batch))
-	for _, j := range batch {
-		e, err := r.prepareOne(ctx, j, views, seen)
-		if err != nil {
-			return nil, err
+	for i, j := range batch {
+		var e *store.Entry
+		switch it := items[i]; {
+		case it.rej != nil:
+			e = r.once(it.rej, seen)
+		case seen[it.in.ID] || stored[it.in.ID]:
+			r.Metrics.Inc("ctxpipe_inputs_total", `outcome="duplicate"`)
+			seen[it.in.ID] = true
+		default:
+			if e, err = r.apply(ctx, j, it.in, views, seen); err != nil {
+				return nil, err
+			}
 		}
 		if e != nil {
 			entries = append(entries, *e)
@@ -342,32 +359,29 @@ func (r *Runner) prepare(ctx context.Context, batch []*job) ([]store.Entry, erro
 	return entries, nil
 }
 
-func (r *Runner) prepareOne(ctx context.Context, j *job, views map[string]*convView, seen map[string]bool) (*store.Entry, error) {
+// decode checks an input's size and delivery count and decodes it; a bad
+// input comes back as its rejection entry.
+func (r *Runner) decode(j *job) (schema.Input, *store.Entry) {
 	data, subject := j.msg.Data(), j.msg.Subject()
-	if len(data) > r.cfg.MaxInputBytes {
-		e := r.rejection(j, schema.PeekID(data), schema.Errorf(schema.ReasonTooLarge, "%d bytes is over the %d-byte limit", len(data), r.cfg.MaxInputBytes))
-		return r.once(&e, seen)
+	var cause error
+	switch {
+	case len(data) > r.cfg.MaxInputBytes:
+		cause = schema.Errorf(schema.ReasonTooLarge, "%d bytes is over the %d-byte limit", len(data), r.cfg.MaxInputBytes)
+	case j.deliver >= uint64(r.cfg.MaxDeliver):
+		cause = schema.Errorf(schema.ReasonPoison, "delivered %d times without being applied", j.deliver)
+	default:
+		in, err := schema.DecodeInput(subject, data)
+		if err == nil {
+			return in, nil
+		}
+		cause = err
 	}
-	if j.deliver >= uint64(r.cfg.MaxDeliver) {
-		e := r.rejection(j, schema.PeekID(data), schema.Errorf(schema.ReasonPoison, "delivered %d times without being applied", j.deliver))
-		return r.once(&e, seen)
-	}
-	in, err := schema.DecodeInput(subject, data)
-	if err != nil {
-		e := r.rejection(j, schema.PeekID(data), err)
-		return r.once(&e, seen)
-	}
-	if seen[in.ID] {
-		r.Metrics.Inc("ctxpipe_inputs_total", `outcome="duplicate"`)
-		return nil, nil
-	}
-	if _, _, found, err := r.Store.InputStatus(ctx, in.ID); err != nil {
-		return nil, fmt.Errorf("check input %s: %w", in.ID, err)
-	} else if found {
-		r.Metrics.Inc("ctxpipe_inputs_total", `outcome="duplicate"`)
-		seen[in.ID] = true
-		return nil, nil
-	}
+	e := r.rejection(j, schema.PeekID(data), cause)
+	return schema.Input{}, &e
+}
+
+// apply runs the engine for one decoded input.
+func (r *Runner) apply(ctx context.Context, j *job, in schema.Input, views map[string]*convView, seen map[string]bool) (*store.Entry, error) {
 	v := views[in.ConversationID]
 	if v == nil {
 		st, _, err := r.Store.State(ctx, in.ConversationID)
@@ -384,11 +398,14 @@ func (r *Runner) prepareOne(ctx context.Context, j *job, views map[string]*convV
 	if pid == "" {
 		pid = schema.DefaultProfileID
 	}
+	reject := func(err error) (*store.Entry, error) {
+		e := r.rejection(j, in.ID, err)
+		e.Input.ConversationID, e.Input.TS = in.ConversationID, in.TS
+		return r.once(&e, seen), nil
+	}
 	p, ok := r.Profiles.Get(pid)
 	if !ok {
-		e := r.rejection(j, in.ID, schema.Errorf(schema.ReasonUnknownProfile, "no profile %q", pid))
-		e.Input.ConversationID, e.Input.TS = in.ConversationID, in.TS
-		return r.once(&e, seen)
+		return reject(schema.Errorf(schema.ReasonUnknownProfile, "no profile %q", pid))
 	}
 	t0 := time.Now()
 	ch, err := r.Engine.Apply(ctx, v.state, v, &p, in)
@@ -397,29 +414,27 @@ func (r *Runner) prepareOne(ctx context.Context, j *job, views map[string]*convV
 		if schema.ReasonOf(err) == "" {
 			return nil, err
 		}
-		e := r.rejection(j, in.ID, err)
-		e.Input.ConversationID, e.Input.TS = in.ConversationID, in.TS
-		return r.once(&e, seen)
+		return reject(err)
 	}
 	v.state = ch.State
 	v.pending = append(v.pending, ch)
 	seen[in.ID] = true
 	return &store.Entry{
 		Input: store.InputRecord{
-			ID: in.ID, ConversationID: in.ConversationID, Kind: string(in.Kind), Subject: subject,
-			TS: in.TS, Payload: data, Status: store.StatusApplied,
+			ID: in.ID, ConversationID: in.ConversationID, Kind: string(in.Kind), Subject: j.msg.Subject(),
+			TS: in.TS, Payload: j.msg.Data(), Status: store.StatusApplied,
 		},
 		Changes: ch,
 	}, nil
 }
 
 // once drops a second copy of the same rejected input in one batch.
-func (r *Runner) once(e *store.Entry, seen map[string]bool) (*store.Entry, error) {
+func (r *Runner) once(e *store.Entry, seen map[string]bool) *store.Entry {
 	if seen[e.Input.ID] {
-		return nil, nil
+		return nil
 	}
 	seen[e.Input.ID] = true
-	return e, nil
+	return e
 }
 
 // invalidConv stands in for a conversation id that cannot be read, so the

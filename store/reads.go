@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/ctxpipe/ctxpipe/schema"
 )
@@ -178,6 +179,37 @@ func (s *Store) InputStatus(ctx context.Context, id string) (status Status, reas
 		return "", "", false, fmt.Errorf("input status %s: %w", id, err)
 	}
 	return Status(st), reason, true, nil
+}
+
+// Seen returns which of ids are already stored as inputs, in one query: the
+// pipeline checks a whole lane batch for duplicates at once.
+func (s *Store) Seen(ctx context.Context, ids []string) (map[string]bool, error) {
+	seen := map[string]bool{}
+	for len(ids) > 0 {
+		n := min(len(ids), 500) // under SQLite's bound-parameter limit
+		args := make([]any, n)
+		for i, id := range ids[:n] {
+			args[i] = id
+		}
+		q := "SELECT id FROM inputs WHERE id IN (?" + strings.Repeat(",?", n-1) + ")"
+		rows, err := s.r.QueryContext(ctx, q, args...)
+		if err != nil {
+			return nil, fmt.Errorf("seen inputs: %w", err)
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("seen inputs: %w", err)
+			}
+			seen[id] = true
+		}
+		if err := rows.Close(); err != nil {
+			return nil, fmt.Errorf("seen inputs: %w", err)
+		}
+		ids = ids[n:]
+	}
+	return seen, nil
 }
 
 // Conversations lists the ids of the conversations that have a stored state,
