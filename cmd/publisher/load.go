@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -24,6 +25,7 @@ func runLoad(ctx context.Context, c *cli, args []string) error {
 	rate := fs.Float64("rate", 0, "turns per second across all conversations (0 = as fast as acks allow)")
 	wait := fs.Bool("wait", false, "measure end to end: until each conversation's last turn is readable via ctx.q.history")
 	waitTimeout := fs.Duration("wait-timeout", 10*time.Minute, "how long --wait waits in total")
+	sample := fs.Int("sample", 0, "with --wait, also time publish → readable for every Nth turn (0: only each conversation's last)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -55,9 +57,14 @@ func runLoad(ctx context.Context, c *cli, args []string) error {
 		denied: c.denied, deniedErr: c.permission}
 	if *wait {
 		waiter = newE2EWaiter(ctx, nc, *waitTimeout)
+		var acked atomic.Int64
 		p.onAck = func(t *schema.Turn, sent time.Time) {
-			if w.isLast(t) {
-				waiter.start(t.ConversationID, t.ID, sent)
+			n := acked.Add(1)
+			switch {
+			case w.isLast(t):
+				waiter.start(t.ConversationID, t.ID, sent, true)
+			case *sample > 0 && n%int64(*sample) == 0:
+				waiter.start(t.ConversationID, t.ID, sent, false)
 			}
 		}
 	}
@@ -78,6 +85,10 @@ func runLoad(ctx context.Context, c *cli, args []string) error {
 		len(res.latencies), *convs, percentile(res.latencies, 50).Round(time.Millisecond),
 		percentile(res.latencies, 99).Round(time.Millisecond), thousands(int(float64(total)/secs)),
 		res.end.Sub(res.begin).Round(time.Millisecond))
+	if len(res.samples) > 0 {
+		fmt.Fprintf(c.stderr, "sampled turns: %d, publish → readable p50 %s p99 %s\n", len(res.samples),
+			percentile(res.samples, 50).Round(time.Millisecond), percentile(res.samples, 99).Round(time.Millisecond))
+	}
 	if len(res.errs) > 0 {
 		return fmt.Errorf("%d conversations not readable: %w", len(res.errs), errors.Join(res.errs[:min(len(res.errs), 5)]...))
 	}
@@ -152,7 +163,8 @@ type e2eWaiter struct {
 
 type e2eResult struct {
 	begin, end time.Time
-	latencies  []time.Duration
+	latencies  []time.Duration // each conversation's last turn
+	samples    []time.Duration // every Nth turn (--sample)
 	errs       []error
 }
 
@@ -161,7 +173,7 @@ func newE2EWaiter(ctx context.Context, nc *nats.Conn, timeout time.Duration) *e2
 	return &e2eWaiter{ctx: ctx, nc: nc, deadline: now.Add(timeout), begin: now}
 }
 
-func (e *e2eWaiter) start(conv, id string, sent time.Time) {
+func (e *e2eWaiter) start(conv, id string, sent time.Time, last bool) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
@@ -194,6 +206,10 @@ func (e *e2eWaiter) start(conv, id string, sent time.Time) {
 		defer e.mu.Unlock()
 		if err != nil {
 			e.res.errs = append(e.res.errs, err)
+			return
+		}
+		if !last {
+			e.res.samples = append(e.res.samples, now.Sub(sent))
 			return
 		}
 		e.res.latencies = append(e.res.latencies, now.Sub(sent))
