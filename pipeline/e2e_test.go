@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -29,14 +30,15 @@ import (
 // file, an OpenAI-compatible httptest server behind go-openai, the relay and
 // the query responders.
 type harness struct {
-	t      *testing.T
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	store  *store.Store
-	ai     *openaitest.Server
-	relay  *store.Relay
-	runner *pipeline.Runner
-	ts     int64
+	t       *testing.T
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	store   *store.Store
+	ai      *openaitest.Server
+	relay   *store.Relay
+	runner  *pipeline.Runner
+	metrics *pipeline.Metrics
+	ts      int64
 }
 
 // smallProfile: window 4000, max_tokens 400 → allowed 3200; the global
@@ -47,6 +49,11 @@ func smallProfile(id string) schema.Profile {
 }
 
 func start(t *testing.T, profiles ...schema.Profile) *harness {
+	t.Helper()
+	return startWith(t, pipeline.Config{Lanes: 4, AckWait: 5 * time.Second, MaxDeliver: 5, RetryBudget: time.Second}, profiles...)
+}
+
+func startWith(t *testing.T, cfg pipeline.Config, profiles ...schema.Profile) *harness {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	_, url := natstest.Run(t)
@@ -64,6 +71,9 @@ func start(t *testing.T, profiles ...schema.Profile) *harness {
 	}
 	ai := openaitest.New(t)
 	log := slog.New(slog.DiscardHandler)
+	if os.Getenv("E2E_LOG") != "" {
+		log = slog.Default()
+	}
 	engine := stages.NewEngine(llm.NewRouter(llm.Config{BaseURL: ai.URL(), Model: "test-model", MaxAttempts: 1}, log))
 	engine.Globals = schema.Globals{AutoCondense: true, AutoCondensePercent: 75}
 	engine.Log = log
@@ -72,9 +82,10 @@ func start(t *testing.T, profiles ...schema.Profile) *harness {
 		profiles = []schema.Profile{smallProfile(schema.DefaultProfileID)}
 	}
 	relay := store.NewRelay(st, pipeline.JetStreamPublisher{JS: js}, log, store.RelayOptions{PollInterval: 20 * time.Millisecond})
-	r, err := pipeline.New(pipeline.Config{Lanes: 4, AckWait: 5 * time.Second, MaxDeliver: 5, RetryBudget: time.Second}, pipeline.Deps{
+	metrics := pipeline.NewMetrics()
+	r, err := pipeline.New(cfg, pipeline.Deps{
 		JS: js, Store: st, Engine: engine, Profiles: pipeline.StaticProfiles(profiles...), Relay: relay, Log: log,
-		Metrics: pipeline.NewMetrics(),
+		Metrics: metrics,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +104,7 @@ func start(t *testing.T, profiles ...schema.Profile) *harness {
 		_ = stopQueries()
 		_ = st.Close()
 	})
-	return &harness{t: t, nc: nc, js: js, store: st, ai: ai, relay: relay, runner: r, ts: 1_700_000_000_000}
+	return &harness{t: t, nc: nc, js: js, store: st, ai: ai, relay: relay, runner: r, metrics: metrics, ts: 1_700_000_000_000}
 }
 
 func (h *harness) nextTS() int64 { h.ts += 1000; return h.ts }
@@ -523,5 +534,46 @@ func TestConversationsProceedInParallelAndInOrder(t *testing.T) {
 		if n != turns {
 			t.Fatalf("conversation %d has %d turns", c, n)
 		}
+	}
+}
+
+func TestSlowCondenseKeepsInputAliveAndOthersFlowing(t *testing.T) {
+	h := startWith(t, pipeline.Config{Lanes: 4, AckWait: 2 * time.Second, MaxDeliver: 5})
+	// The summarizer takes 5 s, over twice this runner's ack wait: without
+	// in-progress acks the held inputs would be redelivered.
+	h.ai.SetHandler(func(req openaiRequest) openaitest.Reply {
+		r := openaitest.DefaultReply(req)
+		r.Delay = 5 * time.Second
+		return r
+	})
+	var last schema.Turn
+	for i := 0; i < 10; i++ {
+		role := schema.RoleUser
+		if i%2 == 1 {
+			role = schema.RoleAssistant
+		}
+		last = h.turn("slow", role, 200)
+	}
+	// Another conversation, published while the condense runs, is readable
+	// before the slow one is.
+	var other schema.Turn
+	for i := 0; i < 20; i++ {
+		conv := fmt.Sprintf("other-%d", i)
+		if pipeline.Partition(conv)%4 == pipeline.Partition("slow")%4 {
+			continue // same lane as "slow": it would wait, by design
+		}
+		other = h.turn(conv, schema.RoleUser, 10)
+		break
+	}
+	h.history(other.ConversationID, schema.ViewFull, other.ID)
+	if _, _, found, err := h.store.InputStatus(context.Background(), last.ID); err != nil || found {
+		t.Fatalf("the other conversation should be readable while the condense still runs (found=%v, %v)", found, err)
+	}
+	eff := h.history("slow", schema.ViewEffective, last.ID)
+	if len(eff) != 5 || !eff[1].IsSummary {
+		t.Fatalf("slow condense did not apply: %d messages", len(eff))
+	}
+	if n := h.metrics.Value("ctxpipe_redeliveries_total", ""); n != 0 {
+		t.Fatalf("%v redeliveries: in-progress acks did not keep the inputs alive", n)
 	}
 }
