@@ -48,17 +48,15 @@ func (r *Runner) committer() {
 		for _, x := range reqs {
 			all = append(all, x.entries...)
 		}
-		if err := r.commitEntries(all); err != nil && len(reqs) > 1 {
-			// One lane's entry may be at fault: commit each batch alone so
-			// the others are not held back by it.
-			for _, x := range reqs {
+		err := r.commitEntries(all)
+		for _, x := range reqs {
+			if err != nil && len(reqs) > 1 {
+				// One lane's entry may be at fault: commit each batch alone
+				// so the others are not held back by it.
 				x.done <- r.commitEntries(x.entries)
+				continue
 			}
-			continue
-		} else {
-			for _, x := range reqs {
-				x.done <- err
-			}
+			x.done <- err
 		}
 	}
 }
