@@ -90,9 +90,9 @@ func (r *Runner) ConsumerConfig() jetstream.ConsumerConfig {
 // lanes finish (or give back, past ShutdownTimeout) what they hold, and the
 // last commits complete. It returns nil after a graceful stop.
 func (r *Runner) Run(ctx context.Context) error {
-	cons, err := r.JS.CreateOrUpdateConsumer(ctx, bus.StreamIn, r.ConsumerConfig())
+	cons, err := r.resume(ctx)
 	if err != nil {
-		return fmt.Errorf("create consumer %s: %w", r.cfg.Consumer, err)
+		return err
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(min(r.cfg.Lanes*r.cfg.LaneBuffer/2, 2048)))
 	if err != nil {
@@ -155,6 +155,41 @@ func (r *Runner) Run(ctx context.Context) error {
 	close(hbDone)
 	r.Log.Info("consumer stopped")
 	return nil
+}
+
+// resume (re)creates the durable consumer so that it starts right after its
+// ack floor. JetStream redelivers what a killed instance held only when the
+// ack wait expires, while newer inputs flow at once: a conversation's later
+// turns would overtake its earlier ones. Starting again from the ack floor
+// delivers everything not yet acked in stream order; inputs above the floor
+// that were applied already are dropped as duplicates by input id.
+//
+// This assumes one instance owns the consumer. With several instances each
+// will own its own partitions' consumers (see the package doc), and the same
+// resume applies per partition when an instance takes one over.
+func (r *Runner) resume(ctx context.Context) (jetstream.Consumer, error) {
+	cfg := r.ConsumerConfig()
+	old, err := r.JS.Consumer(ctx, bus.StreamIn, cfg.Durable)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+	case err != nil:
+		return nil, fmt.Errorf("consumer %s: %w", cfg.Durable, err)
+	default:
+		info := old.CachedInfo()
+		if floor := info.AckFloor.Stream; floor > 0 {
+			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
+		}
+		if err := r.JS.DeleteConsumer(ctx, bus.StreamIn, cfg.Durable); err != nil {
+			return nil, fmt.Errorf("reset consumer %s: %w", cfg.Durable, err)
+		}
+		r.Log.Info("resuming after the ack floor", "consumer", cfg.Durable, "ack_floor", info.AckFloor.Stream,
+			"unacked", info.NumAckPending, "delivered", info.Delivered.Stream)
+	}
+	cons, err := r.JS.CreateOrUpdateConsumer(ctx, bus.StreamIn, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create consumer %s: %w", cfg.Durable, err)
+	}
+	return cons, nil
 }
 
 func (r *Runner) dispatch(msg jetstream.Msg) {
