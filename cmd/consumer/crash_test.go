@@ -337,6 +337,23 @@ func (r *crashRig) waitApplied(tn schema.Turn) {
 	}
 }
 
+// resend publishes copies of turns under new Nats-Msg-Ids, as a client
+// retrying after the duplicate window would: the stream keeps them, and only
+// the service's check by input id can drop them.
+func (r *crashRig) resend(turns []schema.Turn) {
+	r.t.Helper()
+	for _, tn := range turns {
+		data, err := schema.Marshal(tn)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		subject := schema.InputSubject(tn.ConversationID, schema.KindTurn)
+		if _, err := bus.PublishInput(r.ctx, r.c.js, subject, uuid.NewString(), data); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+}
+
 // kill sends SIGKILL and returns the durable consumer's state right after.
 func (r *crashRig) kill(p *proc) *jetstream.ConsumerInfo {
 	r.t.Helper()
@@ -543,19 +560,10 @@ func TestCrashKillRestartAppliesEveryInputOnce(t *testing.T) {
 		t.Fatalf("nothing was in flight at the kill: %d applied, %d unacked", applied, atKill.NumAckPending)
 	}
 
-	// Re-send a slice around the kill point under new Nats-Msg-Ids, so the
-	// stream keeps them and only ctxpipe's check by input id drops them.
+	// Re-send a slice around the kill point: ctxpipe must drop every copy.
 	k := len(order) / 5
 	resent := order[k-50 : k+100]
-	for _, tn := range resent {
-		data, err := schema.Marshal(tn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := bus.PublishInput(r.ctx, r.c.js, schema.InputSubject(tn.ConversationID, schema.KindTurn), uuid.NewString(), data); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r.resend(resent)
 	httpAddr := freeAddr(t)
 	p2 := r.start(httpAddr)
 	r.drain(byConv)
@@ -610,15 +618,7 @@ func TestRestartKeepsOrderWhenNewInputsArrive(t *testing.T) {
 	if err := <-publishAll(r.c.js, order[split:]); err != nil {
 		t.Fatal(err)
 	}
-	for _, tn := range order[split/15 : split/15+90] {
-		data, err := schema.Marshal(tn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := bus.PublishInput(r.ctx, r.c.js, schema.InputSubject(tn.ConversationID, schema.KindTurn), uuid.NewString(), data); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r.resend(order[split/15 : split/15+90])
 	p2 := r.start("")
 	r.drain(byConv)
 	r.stop(p2)
