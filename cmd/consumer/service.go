@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -74,6 +75,9 @@ type Main struct {
 	cancelRelay context.CancelFunc
 	runDone     chan error
 	relayEnd    chan error
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // NewMain returns a Main with the default configuration.
@@ -312,10 +316,16 @@ func (m *Main) serveHTTP() error {
 	return nil
 }
 
-// Close stops the service in order: stop fetching and let the lanes finish
+// Close stops the service once; later calls return the first call's error.
+func (m *Main) Close() error {
+	m.closeOnce.Do(func() { m.closeErr = m.close() })
+	return m.closeErr
+}
+
+// close stops the service in order: stop fetching and let the lanes finish
 // (or give back) what they hold, stop answering queries, flush the outbox,
 // close SQLite, drain NATS, stop the embedded server.
-func (m *Main) Close() error {
+func (m *Main) close() error {
 	var errs []error
 	if m.cancel != nil {
 		m.cancel()
