@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"unicode/utf8"
 )
 
 // BlockType names the kind of a content block, as in the Anthropic wire format.
@@ -71,6 +72,12 @@ func (c *Content) UnmarshalJSON(b []byte) error {
 	switch b[0] {
 	case '"':
 		*c = Content{}
+		// The decoder has validated b already: a string without escapes
+		// (most tool output) needs no second pass through encoding/json.
+		if inner := b[1 : len(b)-1]; bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
+			c.Text = string(inner)
+			return nil
+		}
 		return json.Unmarshal(b, &c.Text)
 	case '[':
 		var blocks []Block
