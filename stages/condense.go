@@ -287,35 +287,39 @@ func visibleOf(sub, all []schema.Message) []schema.Message {
 // stripImages replaces image blocks (also inside tool results) with a short
 // text: a summary needs no pixels, and images are the costliest input.
 func stripImages(msgs []schema.Message) []schema.Message {
+	noImage := func(b schema.Block) schema.Block {
+		if b.Type == schema.BlockImage {
+			return schema.Block{Type: schema.BlockText, Text: "[image omitted]"}
+		}
+		return b
+	}
+	return mapBlocks(msgs, func(b schema.Block) schema.Block {
+		if b.Type == schema.BlockToolResult && b.Content != nil && b.Content.IsBlocks {
+			nested := make([]schema.Block, len(b.Content.Blocks))
+			for i, nb := range b.Content.Blocks {
+				nested[i] = noImage(nb)
+			}
+			c := schema.BlockContent(nested...)
+			b.Content = &c
+		}
+		return noImage(b)
+	})
+}
+
+// mapBlocks returns copies of msgs with f applied to every block of
+// array-form content; the stored messages are left as they are.
+func mapBlocks(msgs []schema.Message, f func(schema.Block) schema.Block) []schema.Message {
 	out := make([]schema.Message, len(msgs))
 	for i, m := range msgs {
 		out[i] = m
 		if !m.Content.IsBlocks {
 			continue
 		}
-		out[i].Content = schema.BlockContent(mapBlocks(m.Content.Blocks, func(b schema.Block) schema.Block {
-			if b.Type == schema.BlockImage {
-				return schema.Block{Type: schema.BlockText, Text: "[image omitted]"}
-			}
-			if b.Type == schema.BlockToolResult && b.Content != nil && b.Content.IsBlocks {
-				c := schema.BlockContent(mapBlocks(b.Content.Blocks, func(nb schema.Block) schema.Block {
-					if nb.Type == schema.BlockImage {
-						return schema.Block{Type: schema.BlockText, Text: "[image omitted]"}
-					}
-					return nb
-				})...)
-				b.Content = &c
-			}
-			return b
-		})...)
-	}
-	return out
-}
-
-func mapBlocks(in []schema.Block, f func(schema.Block) schema.Block) []schema.Block {
-	out := make([]schema.Block, len(in))
-	for i, b := range in {
-		out[i] = f(b)
+		blocks := make([]schema.Block, len(m.Content.Blocks))
+		for j, b := range m.Content.Blocks {
+			blocks[j] = f(b)
+		}
+		out[i].Content = schema.BlockContent(blocks...)
 	}
 	return out
 }
@@ -351,23 +355,15 @@ func withDeferredToolResults(msgs []schema.Message) []schema.Message {
 // summarizer request needs no tool definitions (providers reject tool blocks
 // without them).
 func toolBlocksAsText(msgs []schema.Message) []schema.Message {
-	out := make([]schema.Message, len(msgs))
-	for i, m := range msgs {
-		out[i] = m
-		if !m.Content.IsBlocks {
-			continue
+	return mapBlocks(msgs, func(b schema.Block) schema.Block {
+		switch b.Type {
+		case schema.BlockToolUse:
+			return schema.Block{Type: schema.BlockText, Text: tokens.SerializeToolUse(&b)}
+		case schema.BlockToolResult:
+			return schema.Block{Type: schema.BlockText, Text: tokens.SerializeToolResult(&b)}
 		}
-		out[i].Content = schema.BlockContent(mapBlocks(m.Content.Blocks, func(b schema.Block) schema.Block {
-			switch b.Type {
-			case schema.BlockToolUse:
-				return schema.Block{Type: schema.BlockText, Text: tokens.SerializeToolUse(&b)}
-			case schema.BlockToolResult:
-				return schema.Block{Type: schema.BlockText, Text: tokens.SerializeToolResult(&b)}
-			}
-			return b
-		})...)
-	}
-	return out
+		return b
+	})
 }
 
 var commandPattern = regexp.MustCompile(`(?s)<command>.*?</command>`)

@@ -90,14 +90,7 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags()
 	conv := fs.String("conv", "", "conversation id (required)")
 	asJSON := fs.Bool("json", false, "print each event's raw JSON")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected arguments %q", pos)
-	}
-	if err := requireConv(*conv); err != nil {
+	if err := parseConv(fs, args, conv); err != nil {
 		return err
 	}
 	nc, js, err := c.connect()

@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/signal"
 	"sort"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/schema"
 )
 
 func main() {
@@ -189,10 +189,23 @@ func requireConv(conv string) error {
 	if conv == "" {
 		return usagef("--conv is required")
 	}
-	if strings.ContainsAny(conv, ".*> ") {
+	if !schema.ValidConversationID(conv) {
 		return usagef("--conv %q must be 1-128 characters of [A-Za-z0-9_-]", conv)
 	}
 	return nil
+}
+
+// parseConv parses a command that takes flags only, one of them the
+// required --conv.
+func parseConv(fs *flag.FlagSet, args []string, conv *string) error {
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected arguments %q", pos)
+	}
+	return requireConv(*conv)
 }
 
 // connect connects as this command and returns a JetStream context.

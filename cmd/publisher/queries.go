@@ -76,14 +76,7 @@ func runHistory(ctx context.Context, c *cli, args []string) error {
 	waitFor := fs.String("wait-for", "", "input id: wait until ctxpipe has applied it")
 	timeout := fs.Duration("timeout", 30*time.Second, "how long to wait for the reply")
 	asJSON := fs.Bool("json", false, "print the raw JSON reply")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected arguments %q", pos)
-	}
-	if err := requireConv(*conv); err != nil {
+	if err := parseConv(fs, args, conv); err != nil {
 		return err
 	}
 	req := schema.HistoryRequest{ConversationID: *conv, View: schema.View(*view), WaitFor: *waitFor}
@@ -181,14 +174,7 @@ func runStatus(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags()
 	conv := fs.String("conv", "", "conversation id (required)")
 	asJSON := fs.Bool("json", false, "print the raw JSON reply")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected arguments %q", pos)
-	}
-	if err := requireConv(*conv); err != nil {
+	if err := parseConv(fs, args, conv); err != nil {
 		return err
 	}
 	nc, _, err := c.connect()
