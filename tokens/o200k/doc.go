@@ -10,7 +10,13 @@
 // (Go's []rune conversion). Unicode character classes come from the standard
 // library's unicode tables, which are also the tables the reference regexp
 // engine (regexp2) uses, so the two always agree on what a letter, number,
-// mark or space is.
+// mark or space is. (OpenAI's own tiktoken uses the Rust regex crate's
+// tables; for the few characters whose category changed after Unicode 15.0,
+// Go's version at the time of writing, both Go implementations may split
+// differently from it.)
+//
+// UpperBound gives a safe bound without tokenizing, for budget checks that
+// can avoid the exact count.
 //
 // The design has three parts, each removing one cost of the reference:
 //
@@ -26,7 +32,7 @@
 // range tables directly. The scanner works on the string in place and never
 // allocates.
 //
-// Cache. Pieces that are themselves a token cost one map lookup and never
+// Cache. Pieces that are themselves a token cost one table lookup and never
 // reach the merge loop. The remaining pieces (rarer words, CJK runs, long
 // identifiers) are remembered in a fixed-size, two-way set-associative cache
 // of immutable entries published through atomic pointers (cache.go). Its
@@ -37,13 +43,15 @@
 //
 // Merge. Byte-pair merging (bpe.go) follows tiktoken's rule: repeatedly merge
 // the adjacent pair whose concatenation has the lowest rank, the leftmost one
-// on ties. Short pieces use stack arrays and a linear scan; long pieces use a
-// heap over a linked list so that adversarial input (a 10 000-letter word)
-// stays O(n log n) rather than quadratic. Rank lookups (table.go) avoid a
-// general string map for the common short strings: two-byte strings index an
-// array, strings of up to eight bytes are packed into a uint64 and probed in
-// an open-addressing table, and only longer ones use a map, indexed with a
-// substring so that nothing allocates.
+// on ties. Pieces of up to 16 bytes use a linear scan over stack arrays;
+// longer ones use a min-heap over a linked list, in pooled buffers, so that
+// CJK runs are cheaper and adversarial input (a 10 000-letter word) stays
+// O(n log n) rather than quadratic. Rank lookups (table.go) avoid a general
+// string map for the common short strings: two-byte strings index an array,
+// strings of up to eight bytes are packed into a uint64 and probed in an
+// open-addressing table behind a Bloom filter (most lookups during a merge
+// are for pairs that are not tokens), and only longer ones use a map, indexed
+// with a substring so that nothing allocates.
 //
 // The ranks come from the o200k_base.tiktoken file embedded in
 // github.com/pkoukk/tiktoken-go-loader; nothing is downloaded at run time. They

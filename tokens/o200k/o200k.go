@@ -67,7 +67,9 @@ func Default() *Encoder {
 }
 
 // Count returns the number of o200k_base tokens in text, exactly as
-// tiktoken would encode it with no special tokens allowed.
+// tiktoken encodes it with no special tokens allowed: special-token literals
+// count as ordinary text and invalid UTF-8 bytes as U+FFFD. It does not
+// allocate for valid UTF-8.
 func (e *Encoder) Count(text string) int {
 	_, n := e.encode(text, nil, false)
 	return n
