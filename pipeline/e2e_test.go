@@ -55,6 +55,11 @@ func start(t *testing.T, profiles ...schema.Profile) *harness {
 
 func startWith(t *testing.T, cfg pipeline.Config, profiles ...schema.Profile) *harness {
 	t.Helper()
+	return startStore(t, cfg, nil, profiles...)
+}
+
+func startStore(t *testing.T, cfg pipeline.Config, storeOpts []store.Option, profiles ...schema.Profile) *harness {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	_, url := natstest.Run(t)
 	nc := natstest.Connect(t, url)
@@ -65,7 +70,7 @@ func startWith(t *testing.T, cfg pipeline.Config, profiles ...schema.Profile) *h
 	if err := bus.EnsureStreams(ctx, js); err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "ctxpipe.db"))
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "ctxpipe.db"), storeOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}

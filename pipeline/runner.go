@@ -319,8 +319,13 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 func (r *Runner) poison(ctx context.Context, j *job, cause error) {
 	e := r.rejection(j, "", schema.Errorf(schema.ReasonPoison, "gave up after the retry budget: %v", cause))
 	if err := r.commit([]store.Entry{e}); err != nil {
+		// The store itself is failing: give the input back, after a pause so
+		// that it does not come straight back into the same failure.
 		r.Log.Error("cannot record a poison input; giving it back", "seq", j.seq, "err", err)
-		r.giveBack([]*job{j})
+		if err := j.msg.NakWithDelay(min(r.cfg.RetryBudget, 5*time.Second)); err != nil {
+			r.Log.Warn("nak failed", "seq", j.seq, "err", err)
+		}
+		r.release(j)
 		return
 	}
 	r.ack([]*job{j})
