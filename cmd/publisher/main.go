@@ -51,6 +51,7 @@ func init() {
 		"rewind":   {"rewind a conversation to a timestamp", "rewind --conv ID --ts TS [--include-target]", runControl("rewind")},
 		"history":  {"print a conversation's history", "history --conv ID [--view effective|full] [--wait-for ID] [--timeout D] [--json]", runHistory},
 		"status":   {"print a conversation's context status", "status --conv ID [--json]", runStatus},
+		"plot":     {"draw a conversation's context size per turn as SVG", "plot --conv ID [--out FILE.svg]", runPlot},
 	}
 }
 
