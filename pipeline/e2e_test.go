@@ -169,6 +169,18 @@ func (h *harness) history(conv string, view schema.View, waitFor string) []schem
 	if err := json.Unmarshal(msg.Data, &rep); err != nil {
 		h.t.Fatal(err)
 	}
+	if view == schema.ViewEffective {
+		// The query reads only visible rows; it must agree with the engine's
+		// rule over the whole stored history.
+		all, err := h.store.Messages(context.Background(), conv)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		want := stages.EffectiveHistory(all)
+		if len(want)+len(rep.Messages) > 0 && !reflect.DeepEqual(rep.Messages, want) {
+			h.t.Fatalf("effective view: the query returned %d messages, EffectiveHistory of the stored history %d", len(rep.Messages), len(want))
+		}
+	}
 	return rep.Messages
 }
 

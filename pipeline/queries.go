@@ -73,7 +73,13 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 			return queryError(err)
 		}
 	}
-	msgs, err := r.Store.Messages(ctx, req.ConversationID)
+	load := r.Store.Messages
+	if req.View == schema.ViewEffective {
+		// Only what no summary or marker hides: bounded by the context, not
+		// by the length of the whole history.
+		load = r.Store.Visible
+	}
+	msgs, err := load(ctx, req.ConversationID)
 	if err != nil {
 		return queryError(err)
 	}
@@ -141,20 +147,23 @@ func (r *Runner) Status(ctx context.Context, data []byte) []byte {
 	if err := req.Validate(); err != nil {
 		return queryError(err)
 	}
-	snap, err := r.Store.Load(ctx, req.ConversationID)
+	st, found, err := r.Store.State(ctx, req.ConversationID)
 	if err != nil {
 		return queryError(err)
 	}
-	if !snap.Found {
+	if !found {
 		return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", req.ConversationID))
 	}
-	st := snap.State
+	stored, hidden, err := r.Store.HiddenCount(ctx, req.ConversationID)
+	if err != nil {
+		return queryError(err)
+	}
 	reply := schema.StatusReply{
 		ConversationID: req.ConversationID,
 		ProfileID:      st.ProfileID,
 		ContextTokens:  st.ContextTokens,
-		Messages:       len(snap.Messages),
-		HiddenMessages: len(snap.Messages) - len(stages.EffectiveHistory(snap.Messages)),
+		Messages:       stored,
+		HiddenMessages: hidden,
 		Condensations:  st.Condensations,
 		Truncations:    st.Truncations,
 	}

@@ -77,9 +77,42 @@ func (s *Store) Messages(ctx context.Context, conv string) ([]schema.Message, er
 	return messages(ctx, s.r, conv)
 }
 
+// Visible returns the messages that no stored summary or marker hides, in
+// position order: a superset of the effective history (the engine's
+// EffectiveHistory over it gives the same result as over Messages) whose
+// size is bounded by the context, not by the whole history, so a history
+// query does not decode every message ever condensed away.
+func (s *Store) Visible(ctx context.Context, conv string) ([]schema.Message, error) {
+	return queryMessages(ctx, s.r, conv, `SELECT m.id, m.is_summary, m.condense_id, m.condense_parent, m.is_truncation_marker,
+		m.truncation_id, m.truncation_parent, m.tokens, m.body FROM messages m WHERE m.conversation_id = ?1
+		AND NOT (m.condense_parent != '' AND EXISTS (SELECT 1 FROM messages s WHERE s.conversation_id = ?1
+			AND s.is_summary = 1 AND s.condense_id = m.condense_parent))
+		AND NOT (m.truncation_parent != '' AND EXISTS (SELECT 1 FROM messages k WHERE k.conversation_id = ?1
+			AND k.is_truncation_marker = 1 AND k.truncation_id = m.truncation_parent))
+		ORDER BY m.pos`)
+}
+
+// HiddenCount is how many stored messages a summary or marker hides.
+func (s *Store) HiddenCount(ctx context.Context, conv string) (stored, hidden int, err error) {
+	err = s.r.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(
+		(m.condense_parent != '' AND EXISTS (SELECT 1 FROM messages s WHERE s.conversation_id = ?1
+			AND s.is_summary = 1 AND s.condense_id = m.condense_parent))
+		OR (m.truncation_parent != '' AND EXISTS (SELECT 1 FROM messages k WHERE k.conversation_id = ?1
+			AND k.is_truncation_marker = 1 AND k.truncation_id = m.truncation_parent))), 0)
+		FROM messages m WHERE m.conversation_id = ?1`, conv).Scan(&stored, &hidden)
+	if err != nil {
+		return 0, 0, fmt.Errorf("hidden messages of %s: %w", conv, err)
+	}
+	return stored, hidden, nil
+}
+
 func messages(ctx context.Context, q querier, conv string) ([]schema.Message, error) {
-	rows, err := q.QueryContext(ctx, `SELECT id, is_summary, condense_id, condense_parent, is_truncation_marker,
-		truncation_id, truncation_parent, tokens, body FROM messages WHERE conversation_id = ? ORDER BY pos`, conv)
+	return queryMessages(ctx, q, conv, `SELECT id, is_summary, condense_id, condense_parent, is_truncation_marker,
+		truncation_id, truncation_parent, tokens, body FROM messages WHERE conversation_id = ?1 ORDER BY pos`)
+}
+
+func queryMessages(ctx context.Context, q querier, conv, query string) ([]schema.Message, error) {
+	rows, err := q.QueryContext(ctx, query, conv)
 	if err != nil {
 		return nil, fmt.Errorf("messages of %s: %w", conv, err)
 	}
