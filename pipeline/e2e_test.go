@@ -169,6 +169,15 @@ func (h *harness) history(conv string, view schema.View, waitFor string) []schem
 	if err := json.Unmarshal(msg.Data, &rep); err != nil {
 		h.t.Fatal(err)
 	}
+	// The reply splices stored bodies; it must be byte for byte what
+	// encoding the reply afresh gives.
+	again := rep
+	if again.Messages == nil {
+		again.Messages = []schema.Message{}
+	}
+	if again, err := schema.Marshal(again); err != nil || string(again) != string(msg.Data) {
+		h.t.Fatalf("history reply differs from its own re-encoding (%v):\n%s\n%s", err, msg.Data, again)
+	}
 	if view == schema.ViewEffective {
 		// The query reads only visible rows; it must agree with the engine's
 		// rule over the whole stored history.

@@ -73,13 +73,13 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 			return queryError(err)
 		}
 	}
-	load := r.Store.Messages
+	load := r.Store.MessagesRaw
 	if req.View == schema.ViewEffective {
 		// Only what no summary or marker hides: bounded by the context, not
 		// by the length of the whole history.
 		load = r.Store.Visible
 	}
-	msgs, err := load(ctx, req.ConversationID)
+	msgs, bodies, err := load(ctx, req.ConversationID)
 	if err != nil {
 		return queryError(err)
 	}
@@ -90,17 +90,67 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 			return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", req.ConversationID))
 		}
 	}
+	out := msgs
 	if req.View == schema.ViewEffective {
-		msgs = stages.EffectiveHistory(msgs)
+		out = stages.EffectiveHistory(msgs)
 	}
-	if msgs == nil {
-		msgs = []schema.Message{}
-	}
-	b, err := schema.Marshal(schema.HistoryReply{ConversationID: req.ConversationID, View: req.View, Messages: msgs})
+	b, err := encodeHistory(req.ConversationID, req.View, out, stored(msgs, bodies))
 	if err != nil {
 		return queryError(err)
 	}
 	return b
+}
+
+// storedBody is a message's body as stored, and how many blocks it had.
+type storedBody struct {
+	body   []byte
+	blocks int
+}
+
+// stored indexes the bodies that are exactly their message's JSON: those of
+// messages without parent tags (the store keeps the tags in columns).
+func stored(msgs []schema.Message, bodies [][]byte) map[string]storedBody {
+	out := make(map[string]storedBody, len(msgs))
+	for i := range msgs {
+		if i < len(bodies) && msgs[i].CondenseParent == "" && msgs[i].TruncationParent == "" {
+			out[msgs[i].ID] = storedBody{bodies[i], len(msgs[i].Content.Blocks)}
+		}
+	}
+	return out
+}
+
+// encodeHistory writes the reply schema.Marshal(schema.HistoryReply{...})
+// would, but sends each untagged, unedited message's stored body as it is:
+// encoding a long history again on every read (agents read after nearly
+// every turn) was most of the service's CPU.
+func encodeHistory(conv string, view schema.View, msgs []schema.Message, bodies map[string]storedBody) ([]byte, error) {
+	head, err := schema.Marshal(schema.HistoryReply{ConversationID: conv, View: view, Messages: []schema.Message{}})
+	if err != nil {
+		return nil, err
+	}
+	size := len(head)
+	for _, m := range msgs {
+		size += len(bodies[m.ID].body) + 1
+	}
+	buf := make([]byte, 0, size+64)
+	buf = append(buf, head[:len(head)-2]...) // up to and including "messages":[
+	for i := range msgs {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		// The effective history drops orphaned tool results: such a message
+		// has fewer blocks than its stored body and is encoded anew.
+		if sb, ok := bodies[msgs[i].ID]; ok && sb.blocks == len(msgs[i].Content.Blocks) && msgs[i].CondenseParent == "" && msgs[i].TruncationParent == "" {
+			buf = append(buf, sb.body...)
+			continue
+		}
+		b, err := schema.Marshal(&msgs[i])
+		if err != nil {
+			return nil, err
+		}
+		buf = append(buf, b...)
+	}
+	return append(buf, "]}"...), nil
 }
 
 // waitFor returns once input id is committed, or an error on timeout or

@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -157,14 +158,22 @@ func MarshalQueryError(code QueryCode, message string) []byte {
 // DecodeQueryReply decodes a query reply into v. A reply that carries an
 // "error" object comes back as a *QueryErrorBody error and v is left alone.
 func DecodeQueryReply(data []byte, v any) error {
-	var probe struct {
-		Error *QueryErrorBody `json:"error"`
+	// An error reply is small; a long reply is a history whose first field
+	// is conversation_id, so it need not be scanned twice (or at all, for a
+	// caller that passes v == nil to learn only whether it succeeded).
+	if len(data) < 4096 || bytes.HasPrefix(bytes.TrimLeft(data, " \t\r\n"), []byte(`{"error"`)) {
+		var probe struct {
+			Error *QueryErrorBody `json:"error"`
+		}
+		if err := json.Unmarshal(data, &probe); err != nil {
+			return fmt.Errorf("decode query reply: %w", err)
+		}
+		if probe.Error != nil {
+			return probe.Error
+		}
 	}
-	if err := json.Unmarshal(data, &probe); err != nil {
-		return fmt.Errorf("decode query reply: %w", err)
-	}
-	if probe.Error != nil {
-		return probe.Error
+	if v == nil {
+		return nil
 	}
 	if err := json.Unmarshal(data, v); err != nil {
 		return fmt.Errorf("decode query reply: %w", err)

@@ -41,7 +41,7 @@ func (s *Store) Load(ctx context.Context, conv string) (Snapshot, error) {
 	if snap.State, snap.Found, err = state(ctx, tx, conv); err != nil {
 		return snap, err
 	}
-	if snap.Messages, err = messages(ctx, tx, conv); err != nil {
+	if snap.Messages, err = messages(ctx, tx, s.cache, conv); err != nil {
 		return snap, err
 	}
 	if snap.ContextEvents, err = contextEvents(ctx, tx, conv); err != nil {
@@ -73,8 +73,11 @@ func state(ctx context.Context, q querier, conv string) (schema.ConversationStat
 
 // Messages returns a conversation's full history, hidden messages included,
 // in position order, with every tag set.
+//
+// The messages share their content with the store's cache of decoded
+// bodies: treat them as read-only (copy a Content before changing it).
 func (s *Store) Messages(ctx context.Context, conv string) ([]schema.Message, error) {
-	return messages(ctx, s.r, conv)
+	return messages(ctx, s.r, s.cache, conv)
 }
 
 // Visible returns the messages that no stored summary or marker hides, in
@@ -82,8 +85,11 @@ func (s *Store) Messages(ctx context.Context, conv string) ([]schema.Message, er
 // EffectiveHistory over it gives the same result as over Messages) whose
 // size is bounded by the context, not by the whole history, so a history
 // query does not decode every message ever condensed away.
-func (s *Store) Visible(ctx context.Context, conv string) ([]schema.Message, error) {
-	return queryMessages(ctx, s.r, conv, `SELECT m.id, m.is_summary, m.condense_id, m.condense_parent, m.is_truncation_marker,
+//
+// bodies[i] is msgs[i] as stored: exactly its JSON (schema.Marshal) when it
+// carries no parent tag, so a reply can send it without encoding it again.
+func (s *Store) Visible(ctx context.Context, conv string) (msgs []schema.Message, bodies [][]byte, err error) {
+	return queryMessagesRaw(ctx, s.r, s.cache, conv, `SELECT m.id, m.is_summary, m.condense_id, m.condense_parent, m.is_truncation_marker,
 		m.truncation_id, m.truncation_parent, m.tokens, m.body FROM messages m WHERE m.conversation_id = ?1
 		AND NOT (m.condense_parent != '' AND EXISTS (SELECT 1 FROM messages s WHERE s.conversation_id = ?1
 			AND s.is_summary = 1 AND s.condense_id = m.condense_parent))
@@ -106,18 +112,37 @@ func (s *Store) HiddenCount(ctx context.Context, conv string) (stored, hidden in
 	return stored, hidden, nil
 }
 
-func messages(ctx context.Context, q querier, conv string) ([]schema.Message, error) {
-	return queryMessages(ctx, q, conv, `SELECT id, is_summary, condense_id, condense_parent, is_truncation_marker,
-		truncation_id, truncation_parent, tokens, body FROM messages WHERE conversation_id = ?1 ORDER BY pos`)
+const allMessages = `SELECT id, is_summary, condense_id, condense_parent, is_truncation_marker,
+		truncation_id, truncation_parent, tokens, body FROM messages WHERE conversation_id = ?1 ORDER BY pos`
+
+func messages(ctx context.Context, q querier, c *messageCache, conv string) ([]schema.Message, error) {
+	return queryMessages(ctx, q, c, conv, allMessages)
 }
 
-func queryMessages(ctx context.Context, q querier, conv, query string) ([]schema.Message, error) {
+// MessagesRaw is Messages with each message's stored body, as Visible gives them.
+func (s *Store) MessagesRaw(ctx context.Context, conv string) ([]schema.Message, [][]byte, error) {
+	return queryMessagesRaw(ctx, s.r, s.cache, conv, allMessages)
+}
+
+func queryMessages(ctx context.Context, q querier, c *messageCache, conv, query string) ([]schema.Message, error) {
+	msgs, _, err := scanMessages(ctx, q, c, conv, query, false)
+	return msgs, err
+}
+
+func queryMessagesRaw(ctx context.Context, q querier, c *messageCache, conv, query string) ([]schema.Message, [][]byte, error) {
+	return scanMessages(ctx, q, c, conv, query, true)
+}
+
+func scanMessages(ctx context.Context, q querier, c *messageCache, conv, query string, keepBodies bool) ([]schema.Message, [][]byte, error) {
 	rows, err := q.QueryContext(ctx, query, conv)
 	if err != nil {
-		return nil, fmt.Errorf("messages of %s: %w", conv, err)
+		return nil, nil, fmt.Errorf("messages of %s: %w", conv, err)
 	}
 	defer rows.Close()
-	var out []schema.Message
+	var (
+		out    []schema.Message
+		bodies [][]byte
+	)
 	for rows.Next() {
 		var (
 			id   string
@@ -126,22 +151,28 @@ func queryMessages(ctx context.Context, q querier, conv, query string) ([]schema
 		)
 		if err := rows.Scan(&id, &t.IsSummary, &t.CondenseID, &t.CondenseParent, &t.IsTruncationMarker,
 			&t.TruncationID, &t.TruncationParent, &t.Tokens, &body); err != nil {
-			return nil, fmt.Errorf("messages of %s: %w", conv, err)
+			return nil, nil, fmt.Errorf("messages of %s: %w", conv, err)
 		}
-		var m schema.Message
-		if err := json.Unmarshal(body, &m); err != nil {
-			return nil, fmt.Errorf("messages of %s: decode %s: %w", conv, id, err)
+		m, ok := c.get(id)
+		if !ok {
+			if err := json.Unmarshal(body, &m); err != nil {
+				return nil, nil, fmt.Errorf("messages of %s: decode %s: %w", conv, id, err)
+			}
+			c.put(id, m, len(body))
 		}
 		// The columns are the truth for the tags.
 		m.IsSummary, m.CondenseID, m.CondenseParent = t.IsSummary, t.CondenseID, t.CondenseParent
 		m.IsTruncationMarker, m.TruncationID, m.TruncationParent = t.IsTruncationMarker, t.TruncationID, t.TruncationParent
 		m.Tokens = t.Tokens
 		out = append(out, m)
+		if keepBodies {
+			bodies = append(bodies, body)
+		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("messages of %s: %w", conv, err)
+		return nil, nil, fmt.Errorf("messages of %s: %w", conv, err)
 	}
-	return out, nil
+	return out, bodies, nil
 }
 
 // ContextEvents returns the conversation's condense_context and

@@ -40,12 +40,14 @@ type Store struct {
 	r      *sql.DB // read-only pool
 	now    func() time.Time
 	closed atomic.Bool
+	cache  *messageCache
 }
 
 type config struct {
 	busyTimeout time.Duration
 	readers     int
 	now         func() time.Time
+	cacheBytes  int
 }
 
 // Option changes how Open sets up a Store.
@@ -65,6 +67,10 @@ func WithReaders(n int) Option {
 	}
 }
 
+// WithMessageCache bounds the cache of decoded message bodies (default
+// DefaultMessageCacheBytes); 0 turns it off.
+func WithMessageCache(bytes int) Option { return func(c *config) { c.cacheBytes = bytes } }
+
 // WithClock sets the clock used for received_at, updated_at and published_at
 // (default time.Now).
 func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
@@ -72,7 +78,7 @@ func WithClock(now func() time.Time) Option { return func(c *config) { c.now = n
 // Open opens (creating if needed) the database at path, with its parent
 // directories, and applies any migrations it has not seen yet.
 func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
-	cfg := config{busyTimeout: 5 * time.Second, readers: 4, now: time.Now}
+	cfg := config{busyTimeout: 5 * time.Second, readers: 4, now: time.Now, cacheBytes: DefaultMessageCacheBytes}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -98,6 +104,9 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
 	s := &Store{path: abs, w: w, now: cfg.now}
+	if cfg.cacheBytes > 0 {
+		s.cache = newMessageCache(cfg.cacheBytes)
+	}
 	if err := s.checkWriter(ctx); err != nil {
 		w.Close()
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -292,6 +293,9 @@ func (m *Main) serveHTTP() error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", m.metrics.Handler())
+	// Profiles of a running service; the listener is loopback by default.
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		if m.nc.Status() != nats.CONNECTED {
 			http.Error(w, "nats: "+m.nc.Status().String(), http.StatusServiceUnavailable)

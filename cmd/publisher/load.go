@@ -184,7 +184,7 @@ func (e *e2eWaiter) start(conv, id string, sent time.Time, last bool) {
 				err = fmt.Errorf("%s: not readable in time", conv)
 				break
 			}
-			_, err = historyWait(e.ctx, e.nc, conv, id, min(left, schema.MaxQueryTimeout))
+			err = historyReady(e.ctx, e.nc, conv, id, min(left, schema.MaxQueryTimeout))
 			// timeout and not_found mean "not applied yet": the service is
 			// behind, so ask again until our own deadline.
 			var qe *schema.QueryErrorBody

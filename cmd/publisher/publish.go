@@ -300,7 +300,15 @@ func historyWait(ctx context.Context, nc *nats.Conn, conv, id string, timeout ti
 	return &reply, nil
 }
 
-// query sends a request and decodes the reply; a reply {"error":…} comes
+// historyReady waits until input id of conv is readable, without decoding
+// the history: a load run measures the service, not its own JSON decoding.
+func historyReady(ctx context.Context, nc *nats.Conn, conv, id string, timeout time.Duration) error {
+	req := schema.HistoryRequest{ConversationID: conv, View: schema.ViewEffective, WaitFor: id,
+		TimeoutMS: min(timeout, schema.MaxQueryTimeout).Milliseconds()}
+	return query(ctx, nc, schema.SubjectHistory, req, timeout+5*time.Second, nil)
+}
+
+// query sends a request and decodes the reply (into reply, unless nil); a reply {"error":…} comes
 // back wrapped in errQueryFailed.
 func query(ctx context.Context, nc *nats.Conn, subject string, req any, timeout time.Duration, reply any) error {
 	body, err := json.Marshal(req)
