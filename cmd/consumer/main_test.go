@@ -52,7 +52,7 @@ func freeAddr(t *testing.T) string {
 }
 
 // testMain closes the service once, whether the test or its cleanup gets
-// there first (Main.Close is not meant to be called twice).
+// there first, and keeps the first error.
 type testMain struct {
 	*Main
 	once sync.Once

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/internal/natstest"
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// TestServiceUnderNatsConf runs the real service against a server started
+// from the repo's nats.conf, as its least-privilege ctxpipe user: it must be
+// able to do everything it does (streams, KV watch, consumer reset on a
+// restart, queue-group queries, events), with an agent and a UI user as
+// clients.
+func TestServiceUnderNatsConf(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts two services")
+	}
+	_, url := natstest.RunWithConfig(t, "../../nats.conf")
+	dir := t.TempDir()
+	run := func() *testMain {
+		t.Helper()
+		for _, k := range llmEnv {
+			t.Setenv(k, "")
+		}
+		m := &testMain{Main: NewMain()}
+		m.Config.DataDir, m.Config.HTTP = dir, ""
+		m.Config.NATS = bus.ConnConfig{URL: url, User: "ctxpipe", Password: "ctxpipe-demo-password"}
+		m.Log = testLogger(t)
+		if err := m.Run(context.Background()); err != nil {
+			_ = m.Close()
+			t.Fatalf("run as ctxpipe under nats.conf: %v", err)
+		}
+		t.Cleanup(func() { _ = m.Close() })
+		return m
+	}
+	user := func(name, password string) *client {
+		nc, err := nats.Connect(url, nats.UserInfo(name, password), nats.Name(name))
+		if err != nil {
+			t.Fatalf("connect as %s: %v", name, err)
+		}
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &client{t: t, nc: nc, js: js}
+	}
+	svc := run()
+	agent := user("agent", "agent-demo-password")
+	ui := user("ui", "ui-demo-password")
+
+	rng := rand.New(rand.NewPCG(3, 3))
+	const conv = "under-conf"
+	var last schema.Turn
+	ts := time.Now().UnixMilli()
+	for i := 0; i < 20; i++ {
+		last = textTurn(rng, conv, "demo-16k", i, ts+int64(i), 600)
+		agent.publishTurn(last)
+	}
+	if full := agent.mustHistory(conv, schema.ViewFull, last.ID); len(full) <= 20 {
+		t.Fatalf("no condense under nats.conf: %d messages", len(full))
+	}
+	// The UI asks for a condense and reads the events.
+	in := schema.Input{ID: uuid.NewString(), ConversationID: conv, TS: ts + 100, Trigger: schema.TriggerManual}
+	data, _ := schema.ControlPayload(in)
+	if _, err := bus.PublishInput(context.Background(), ui.js, schema.InputSubject(conv, schema.KindCondense), in.ID, data); err != nil {
+		t.Fatalf("ui condense: %v", err)
+	}
+	if _, err := ui.history(conv, schema.ViewEffective, in.ID, 10*time.Second); err != nil {
+		t.Fatalf("ui history: %v", err)
+	}
+	evs := readEvents(t, ui.js, "ctx.events."+conv+".>")
+	// Whatever the outcome (a condense, or condense_failed when the context
+	// would not shrink), the ui sees the decision its input caused.
+	decided := false
+	for _, e := range evs {
+		h := e.ev.Header()
+		decided = decided || (h.InputID == in.ID && (h.Type == schema.EventCondenseContext || h.Type == schema.EventCondenseFailed))
+	}
+	if !decided {
+		t.Fatalf("the ui saw no decision on its condense among %d events", len(evs))
+	}
+	// A restart resets the durable consumer at its ack floor: the service
+	// user must be allowed to, and the next turn must still land.
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	run()
+	next := textTurn(rng, conv, "demo-16k", 20, ts+200, 50)
+	agent.publishTurn(next)
+	if eff := agent.mustHistory(conv, schema.ViewEffective, next.ID); eff[len(eff)-1].ID != next.ID {
+		t.Fatal("the turn after the restart is not last in the effective history")
+	}
+}
