@@ -52,34 +52,23 @@ func (c Config) withDefaults() Config {
 	if c.Consumer == "" {
 		c.Consumer = d.Consumer
 	}
-	if c.Lanes <= 0 {
-		c.Lanes = d.Lanes
-	}
-	if c.LaneBuffer <= 0 {
-		c.LaneBuffer = d.LaneBuffer
-	}
-	if c.LaneBatch <= 0 {
-		c.LaneBatch = d.LaneBatch
-	}
-	if c.MaxBatch <= 0 {
-		c.MaxBatch = d.MaxBatch
-	}
-	if c.AckWait <= 0 {
-		c.AckWait = d.AckWait
-	}
-	if c.MaxDeliver <= 0 {
-		c.MaxDeliver = d.MaxDeliver
-	}
-	if c.RetryBudget <= 0 {
-		c.RetryBudget = d.RetryBudget
-	}
-	if c.MaxInputBytes <= 0 {
-		c.MaxInputBytes = d.MaxInputBytes
-	}
-	if c.ShutdownTimeout <= 0 {
-		c.ShutdownTimeout = d.ShutdownTimeout
-	}
+	orDefault(&c.Lanes, d.Lanes)
+	orDefault(&c.LaneBuffer, d.LaneBuffer)
+	orDefault(&c.LaneBatch, d.LaneBatch)
+	orDefault(&c.MaxBatch, d.MaxBatch)
+	orDefault(&c.AckWait, d.AckWait)
+	orDefault(&c.MaxDeliver, d.MaxDeliver)
+	orDefault(&c.RetryBudget, d.RetryBudget)
+	orDefault(&c.MaxInputBytes, d.MaxInputBytes)
+	orDefault(&c.ShutdownTimeout, d.ShutdownTimeout)
 	return c
+}
+
+// orDefault replaces a zero or negative setting with its default.
+func orDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 // Validate reports settings that cannot work together.

@@ -123,6 +123,20 @@ func (h *harness) turn(conv string, role schema.Role, n int) schema.Turn {
 	return t
 }
 
+// turns publishes n turns of about size tokens, user and assistant in turn.
+func (h *harness) turns(conv string, n, size int) []schema.Turn {
+	h.t.Helper()
+	out := make([]schema.Turn, n)
+	for i := range out {
+		role := schema.RoleUser
+		if i%2 == 1 {
+			role = schema.RoleAssistant
+		}
+		out[i] = h.turn(conv, role, size)
+	}
+	return out
+}
+
 func (h *harness) publish(subject, id string, v any) {
 	h.t.Helper()
 	data, err := schema.Marshal(v)
@@ -270,15 +284,9 @@ func tokensOf(msgs []schema.Message) int {
 func TestCondenseEndToEnd(t *testing.T) {
 	h := start(t)
 	const conv = "task-42"
-	var last schema.Turn
 	// ~300 tokens a turn after the fudge: the 10th turn crosses 75 % (3000).
-	for i := 0; i < 10; i++ {
-		role := schema.RoleUser
-		if i%2 == 1 {
-			role = schema.RoleAssistant
-		}
-		last = h.turn(conv, role, 200)
-	}
+	ts := h.turns(conv, 10, 200)
+	last := ts[len(ts)-1]
 	eff := h.history(conv, schema.ViewEffective, last.ID)
 	evs := h.events(conv)
 	got := eventTypes(evs, last.ID)
@@ -323,14 +331,8 @@ func TestContextGrewFallsBackToTruncation(t *testing.T) {
 		return openaitest.Reply{Text: strings.Repeat("a very long summary ", 2000)}
 	})
 	const conv = "grows"
-	var last schema.Turn
-	for i := 0; i < 12; i++ {
-		role := schema.RoleUser
-		if i%2 == 1 {
-			role = schema.RoleAssistant
-		}
-		last = h.turn(conv, role, 200)
-	}
+	ts := h.turns(conv, 12, 200)
+	last := ts[len(ts)-1]
 	h.history(conv, schema.ViewEffective, last.ID)
 	evs := h.events(conv)
 	all := eventTypes(evs, "")
@@ -363,14 +365,8 @@ func TestLLMErrorTruncates(t *testing.T) {
 	h := start(t)
 	h.ai.SetHandler(func(openaiRequest) openaitest.Reply { return openaitest.Reply{Status: 500} })
 	const conv = "llm-down"
-	var last schema.Turn
-	for i := 0; i < 12; i++ {
-		role := schema.RoleUser
-		if i%2 == 1 {
-			role = schema.RoleAssistant
-		}
-		last = h.turn(conv, role, 200)
-	}
+	ts := h.turns(conv, 12, 200)
+	last := ts[len(ts)-1]
 	h.history(conv, schema.ViewEffective, last.ID)
 	evs := h.events(conv)
 	var reasons []schema.Reason
@@ -394,14 +390,7 @@ func TestLLMErrorTruncates(t *testing.T) {
 func TestManualOverflowAndRewind(t *testing.T) {
 	h := start(t)
 	const conv = "ui-driven"
-	var turns []schema.Turn
-	for i := 0; i < 8; i++ { // ~2400 tokens: under the threshold
-		role := schema.RoleUser
-		if i%2 == 1 {
-			role = schema.RoleAssistant
-		}
-		turns = append(turns, h.turn(conv, role, 200))
-	}
+	turns := h.turns(conv, 8, 200) // ~2400 tokens: under the threshold
 	before := h.history(conv, schema.ViewEffective, turns[7].ID)
 	if len(before) != 8 {
 		t.Fatalf("before: %d", len(before))
@@ -572,14 +561,8 @@ func TestSlowCondenseKeepsInputAliveAndOthersFlowing(t *testing.T) {
 		r.Delay = 5 * time.Second
 		return r
 	})
-	var last schema.Turn
-	for i := 0; i < 10; i++ {
-		role := schema.RoleUser
-		if i%2 == 1 {
-			role = schema.RoleAssistant
-		}
-		last = h.turn("slow", role, 200)
-	}
+	ts := h.turns("slow", 10, 200)
+	last := ts[len(ts)-1]
 	// Another conversation, published while the condense runs, is readable
 	// before the slow one is.
 	var other schema.Turn
