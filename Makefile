@@ -10,9 +10,11 @@ FUZZTIME ?= 60s
 run:
 	$(GO) run ./cmd/consumer
 
-## test: every test, with the race detector (fuzz targets run their seed corpus)
+## test: every test, with the race detector (fuzz targets run their seed corpus),
+## then the allocation checks, which only mean something without it
 test:
 	$(GO) test -race -count=1 -timeout 14m $(PKGS)
+	$(GO) test -count=1 -run 'Allocate' ./tokens/o200k/
 
 ## build: the service and the client into ./bin
 build:
