@@ -27,6 +27,9 @@ type Config struct {
 	RetryBudget time.Duration
 	// MaxInputBytes rejects larger payloads (too_large).
 	MaxInputBytes int
+	// MaxHeldBytes bounds the payload bytes fetched and not yet acked; past
+	// it the runner stops fetching until lanes catch up.
+	MaxHeldBytes int
 	// ShutdownTimeout bounds a graceful stop.
 	ShutdownTimeout time.Duration
 }
@@ -43,6 +46,7 @@ func DefaultConfig() Config {
 		MaxDeliver:      10,
 		RetryBudget:     2 * time.Minute,
 		MaxInputBytes:   4 << 20,
+		MaxHeldBytes:    256 << 20,
 		ShutdownTimeout: 20 * time.Second,
 	}
 }
@@ -60,6 +64,7 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.MaxDeliver, d.MaxDeliver)
 	orDefault(&c.RetryBudget, d.RetryBudget)
 	orDefault(&c.MaxInputBytes, d.MaxInputBytes)
+	orDefault(&c.MaxHeldBytes, d.MaxHeldBytes)
 	orDefault(&c.ShutdownTimeout, d.ShutdownTimeout)
 	return c
 }

@@ -586,3 +586,25 @@ func TestSlowCondenseKeepsInputAliveAndOthersFlowing(t *testing.T) {
 		t.Fatalf("%v redeliveries: in-progress acks did not keep the inputs alive", n)
 	}
 }
+
+func TestHeldBytesBoundDoesNotStall(t *testing.T) {
+	// Room for about two turns at a time: the dispatcher waits for lanes to
+	// ack before fetching more, and everything still lands, in order.
+	h := startWith(t, pipeline.Config{Lanes: 4, AckWait: 5 * time.Second, MaxHeldBytes: 3000})
+	var lasts []schema.Turn
+	for c := 0; c < 4; c++ {
+		ts := h.turns(fmt.Sprintf("tight-%d", c), 10, 150)
+		lasts = append(lasts, ts[len(ts)-1])
+	}
+	for _, last := range lasts {
+		if full := h.history(last.ConversationID, schema.ViewFull, last.ID); len(full) != 10 {
+			t.Fatalf("%s: %d messages", last.ConversationID, len(full))
+		}
+	}
+	// Acks follow the commit that made the history readable.
+	for deadline := time.Now().Add(5 * time.Second); h.runner.Held() != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d inputs still held", h.runner.Held())
+		}
+	}
+}

@@ -40,8 +40,10 @@ type Runner struct {
 	lanes   []*laneQueue
 	commits chan *commitReq
 
-	heldMu sync.Mutex
-	held   map[*job]struct{}
+	heldMu    sync.Mutex
+	held      map[*job]struct{}
+	heldBytes int
+	roomFreed *sync.Cond // signalled when held bytes go down
 }
 
 // job is one fetched JetStream message on its way through a lane.
@@ -66,6 +68,7 @@ func New(cfg Config, d Deps) (*Runner, error) {
 		d.Log = slog.Default()
 	}
 	r := &Runner{cfg: cfg, Deps: d, waiters: newWaiters(), held: map[*job]struct{}{}}
+	r.roomFreed = sync.NewCond(&r.heldMu)
 	r.Metrics.Help("ctxpipe_inputs_total", "Inputs by outcome (applied, rejected, duplicate).")
 	r.Metrics.Help("ctxpipe_events_total", "Events committed to the outbox, by type.")
 	r.Metrics.Help("ctxpipe_retries_total", "Lane retries of transient failures.")
@@ -207,15 +210,27 @@ func (r *Runner) dispatch(msg jetstream.Msg) {
 	r.lanes[laneOf(j.conv, len(r.lanes))].push(j)
 }
 
+// hold registers a fetched input. Lane queues never block the dispatcher,
+// so this is where memory is bounded: past MaxHeldBytes the dispatcher waits
+// for the lanes to ack (one input is always let through, however large).
 func (r *Runner) hold(j *job) {
+	n := len(j.msg.Data())
 	r.heldMu.Lock()
+	for r.heldBytes > 0 && r.heldBytes+n > r.cfg.MaxHeldBytes {
+		r.roomFreed.Wait()
+	}
 	r.held[j] = struct{}{}
+	r.heldBytes += n
 	r.heldMu.Unlock()
 }
 
 func (r *Runner) release(j *job) {
 	r.heldMu.Lock()
-	delete(r.held, j)
+	if _, ok := r.held[j]; ok {
+		delete(r.held, j)
+		r.heldBytes -= len(j.msg.Data())
+		r.roomFreed.Broadcast()
+	}
 	r.heldMu.Unlock()
 }
 
