@@ -81,29 +81,25 @@ func WithMaxBytes(n int64) Option { return func(o *options) { o.maxBytes = n } }
 
 // InStreamConfig is the configuration of CTX_IN.
 func InStreamConfig(opts ...Option) jetstream.StreamConfig {
-	o := buildOptions(opts)
-	return jetstream.StreamConfig{
-		Name:        StreamIn,
-		Description: "ctxpipe inputs: turns, condense, overflow and rewind requests",
-		Subjects:    []string{InputSubjects},
-		Storage:     jetstream.FileStorage,
-		Retention:   jetstream.LimitsPolicy,
-		Discard:     jetstream.DiscardOld,
-		Duplicates:  DuplicateWindow,
-		MaxMsgSize:  MaxMsgSize,
-		MaxAge:      o.maxAge,
-		MaxBytes:    o.maxBytes,
-		Replicas:    o.replicas,
-	}
+	return streamConfig(StreamIn, "ctxpipe inputs: turns, condense, overflow and rewind requests", InputSubjects, opts)
 }
 
 // EventsStreamConfig is the configuration of CTX_EVENTS.
 func EventsStreamConfig(opts ...Option) jetstream.StreamConfig {
+	c := streamConfig(StreamEvents, "ctxpipe events: condense, truncation, rewind and rejection decisions", EventSubjects, opts)
+	// Events are read far more than written: let any replica answer direct gets.
+	c.AllowDirect = true
+	return c
+}
+
+// streamConfig is what both streams share: file storage, limits retention
+// discarding the oldest, the duplicate window and the message size bound.
+func streamConfig(name, description, subjects string, opts []Option) jetstream.StreamConfig {
 	o := buildOptions(opts)
 	return jetstream.StreamConfig{
-		Name:        StreamEvents,
-		Description: "ctxpipe events: condense, truncation, rewind and rejection decisions",
-		Subjects:    []string{EventSubjects},
+		Name:        name,
+		Description: description,
+		Subjects:    []string{subjects},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
 		Discard:     jetstream.DiscardOld,
@@ -112,9 +108,6 @@ func EventsStreamConfig(opts ...Option) jetstream.StreamConfig {
 		MaxAge:      o.maxAge,
 		MaxBytes:    o.maxBytes,
 		Replicas:    o.replicas,
-		// Events are read far more than written: let any replica answer
-		// direct gets.
-		AllowDirect: true,
 	}
 }
 

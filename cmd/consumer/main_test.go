@@ -92,9 +92,9 @@ type client struct {
 	js jetstream.JetStream
 }
 
-func connect(t *testing.T, url string) *client {
+func connect(t *testing.T, url string, opts ...nats.Option) *client {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.Name("consumer-test"))
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Name("consumer-test")}, opts...)...)
 	if err != nil {
 		t.Fatalf("connect %s: %v", url, err)
 	}

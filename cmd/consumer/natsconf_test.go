@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
@@ -43,16 +42,7 @@ func TestServiceUnderNatsConf(t *testing.T) {
 		return m
 	}
 	user := func(name, password string) *client {
-		nc, err := nats.Connect(url, nats.UserInfo(name, password), nats.Name(name))
-		if err != nil {
-			t.Fatalf("connect as %s: %v", name, err)
-		}
-		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return &client{t: t, nc: nc, js: js}
+		return connect(t, url, nats.UserInfo(name, password))
 	}
 	svc := run()
 	agent := user("agent", "agent-demo-password")
