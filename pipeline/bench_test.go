@@ -1,11 +1,8 @@
 package pipeline_test
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -14,6 +11,7 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
+	"github.com/ctxpipe/ctxpipe/internal/transcripts"
 	"github.com/ctxpipe/ctxpipe/llm"
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -24,27 +22,10 @@ import (
 // transcriptTurns loads the real agent runs as raw turn payloads.
 func transcriptTurns(b *testing.B) (subjects []string, payloads [][]byte, ids []string) {
 	b.Helper()
-	files, _ := filepath.Glob("../../shared/data/transcripts/*.jsonl")
-	if len(files) == 0 {
-		b.Skip("transcripts not found at ../../shared/data/transcripts")
-	}
-	for _, f := range files {
-		fh, err := os.Open(f)
-		if err != nil {
-			b.Fatal(err)
-		}
-		sc := bufio.NewScanner(fh)
-		sc.Buffer(make([]byte, 1<<20), 16<<20)
-		for sc.Scan() {
-			var t schema.Turn
-			if err := json.Unmarshal(sc.Bytes(), &t); err != nil {
-				b.Fatal(err)
-			}
-			subjects = append(subjects, schema.InputSubject(t.ConversationID, schema.KindTurn))
-			payloads = append(payloads, append([]byte(nil), sc.Bytes()...))
-			ids = append(ids, t.ID)
-		}
-		fh.Close()
+	for _, l := range transcripts.All(b, "../../shared/data/transcripts") {
+		subjects = append(subjects, schema.InputSubject(l.Turn.ConversationID, schema.KindTurn))
+		payloads = append(payloads, l.Raw)
+		ids = append(ids, l.Turn.ID)
 	}
 	return subjects, payloads, ids
 }

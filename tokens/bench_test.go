@@ -1,13 +1,10 @@
 package tokens
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 
+	"github.com/ctxpipe/ctxpipe/internal/transcripts"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -55,28 +52,11 @@ func BenchmarkCount(b *testing.B) {
 // BenchmarkCountTranscripts counts every message of the real agent runs
 // (text, tool calls and tool results) as the pipeline does, once each.
 func BenchmarkCountTranscripts(b *testing.B) {
-	files, _ := filepath.Glob("../../shared/data/transcripts/*.jsonl")
-	if len(files) == 0 {
-		b.Skip("transcripts not found at ../../shared/data/transcripts")
-	}
 	var contents []schema.Content
 	size := 0
-	for _, f := range files {
-		fh, err := os.Open(f)
-		if err != nil {
-			b.Fatal(err)
-		}
-		sc := bufio.NewScanner(fh)
-		sc.Buffer(make([]byte, 1<<20), 16<<20)
-		for sc.Scan() {
-			var t schema.Turn
-			if err := json.Unmarshal(sc.Bytes(), &t); err != nil {
-				b.Fatal(err)
-			}
-			contents = append(contents, t.Content)
-			size += len(sc.Bytes())
-		}
-		fh.Close()
+	for _, l := range transcripts.All(b, "../../shared/data/transcripts") {
+		contents = append(contents, l.Turn.Content)
+		size += len(l.Raw)
 	}
 	p := schema.Profile{FudgeFactor: 1}
 	c, _ := ForProfile(&p)

@@ -1,12 +1,10 @@
 package tokens
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"math"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +12,7 @@ import (
 	tiktoken "github.com/pkoukk/tiktoken-go"
 	tiktokenloader "github.com/pkoukk/tiktoken-go-loader"
 
+	"github.com/ctxpipe/ctxpipe/internal/transcripts"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -113,33 +112,19 @@ func TestExactMatchesTiktoken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	files, _ := filepath.Glob("../../shared/data/transcripts/*.jsonl")
-	if len(files) == 0 {
-		t.Fatal("transcripts not found at ../../shared/data/transcripts")
-	}
+	files := transcripts.Files(t, "../../shared/data/transcripts")
 	limit := 4
 	if testing.Short() {
 		limit = 1
 	}
 	n := 0
 	for _, f := range files[:min(limit, len(files))] {
-		fh, err := os.Open(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sc := bufio.NewScanner(fh)
-		sc.Buffer(make([]byte, 1<<20), 16<<20)
-		for sc.Scan() {
-			var turn schema.Turn
-			if err := json.Unmarshal(sc.Bytes(), &turn); err != nil {
-				t.Fatal(err)
-			}
-			if a, b := ours.Content(turn.Content), oracle.Content(turn.Content); a != b {
-				t.Fatalf("%s %s: ours %d, tiktoken %d", filepath.Base(f), turn.ID, a, b)
+		for _, l := range transcripts.Read(t, f) {
+			if a, b := ours.Content(l.Turn.Content), oracle.Content(l.Turn.Content); a != b {
+				t.Fatalf("%s %s: ours %d, tiktoken %d", filepath.Base(f), l.Turn.ID, a, b)
 			}
 			n++
 		}
-		fh.Close()
 	}
 	t.Logf("%d messages counted identically", n)
 }
