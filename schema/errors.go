@@ -30,6 +30,15 @@ const (
 	ReasonBadProfile           Reason = "bad_profile"
 	ReasonUnknownTarget        Reason = "unknown_target"
 	ReasonPoison               Reason = "poison" // kept failing transiently until the retry budget ran out
+	// ReasonUnknownConversation: a control input (condense, overflow,
+	// rewind) names a conversation that has no stored turn.
+	ReasonUnknownConversation Reason = "unknown_conversation"
+	// ReasonDuplicateID: the input id was used before with other content or
+	// in another conversation. Identical redeliveries stay silent no-ops.
+	ReasonDuplicateID Reason = "duplicate_id"
+	// ReasonBadEncoding: the payload is not valid UTF-8, or is nested deeper
+	// than the documented limits.
+	ReasonBadEncoding Reason = "bad_encoding"
 )
 
 // Condense failure reasons (condense_failed.error).

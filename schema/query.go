@@ -37,6 +37,8 @@ const (
 	QueryNotFound   QueryCode = "not_found"   // no such conversation
 	QueryTimeout    QueryCode = "timeout"     // wait_for did not become readable within timeout_ms
 	QueryInternal   QueryCode = "internal"    // the service failed; retrying may help
+	QueryTooLarge   QueryCode = "too_large"   // the reply would not fit in one message: ask for a smaller page
+	QueryForbidden  QueryCode = "forbidden"   // the request's reply subject is outside an inbox prefix
 )
 
 // MaxQueryTimeout bounds a request's timeout_ms, so that a client cannot park
