@@ -1,0 +1,301 @@
+package natstest
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// ClusterSize is the number of nodes RunCluster starts: the smallest cluster
+// that keeps a quorum (and so an R3 stream) with one node down.
+const ClusterSize = 3
+
+// account is the account clients land in when the servers configure none.
+const account = server.DEFAULT_GLOBAL_ACCOUNT
+
+// waitLimit bounds every wait of the cluster helpers. It is not a timed
+// assertion: elections take seconds (the servers' election timeout is 4–9 s
+// and cannot be shortened from outside their package); it only stops a
+// broken cluster from hanging a test.
+const waitLimit = 60 * time.Second
+
+// Cluster is a JetStream cluster of ClusterSize nodes in this process, named
+// n1, n2 and n3, each with its own store directory, so that a node can be
+// shut down and restarted with its data and rejoin. Its methods may be called
+// from any goroutine.
+type Cluster struct {
+	t    testing.TB
+	name string
+
+	mu      sync.Mutex
+	servers []*server.Server // nil while a node is down
+	opts    []*server.Options
+}
+
+// RunCluster starts a 3-node JetStream cluster on loopback ports and returns
+// once the nodes are routed to each other and the JetStream meta group has a
+// leader that knows all three peers. Every node is shut down on t.Cleanup.
+func RunCluster(t testing.TB) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, name: "ctxpipe-test"}
+	t.Cleanup(c.shutdownAll)
+	// JetStream in a cluster needs its routes configured at start, so the
+	// cluster ports are taken from the kernel first, then released for the
+	// servers to bind a moment later. The client ports are the kernel's
+	// choice at start.
+	routes, err := freeRoutes(ClusterSize)
+	if err != nil {
+		t.Fatalf("natstest: cluster ports: %v", err)
+	}
+	for i := range ClusterSize {
+		o := &server.Options{
+			ServerName: fmt.Sprintf("n%d", i+1),
+			Host:       "127.0.0.1",
+			Port:       -1,
+			JetStream:  true,
+			StoreDir:   t.TempDir(),
+			MaxPayload: MaxPayload,
+			NoLog:      true,
+			NoSigs:     true,
+			Cluster: server.ClusterOpts{
+				Name: c.name,
+				Host: "127.0.0.1",
+				Port: routes[i].Port,
+			},
+		}
+		for j, r := range routes {
+			if j != i {
+				o.Routes = append(o.Routes, &url.URL{Scheme: "nats-route", Host: r.String()})
+			}
+		}
+		// The server keeps and adjusts the options it is given: hand it a
+		// copy, so ours can change for a restart without a data race.
+		s, err := startServer(o.Clone())
+		if err != nil {
+			t.Fatalf("natstest: start %s: %v", o.ServerName, err)
+		}
+		// Keep the client port the kernel chose, so a restarted node comes
+		// back where the clients look for it.
+		o.Port = s.Addr().(*net.TCPAddr).Port
+		c.mu.Lock()
+		c.servers = append(c.servers, s)
+		c.opts = append(c.opts, o)
+		c.mu.Unlock()
+	}
+	c.waitMeta(ClusterSize)
+	return c
+}
+
+// freeRoutes returns n loopback TCP addresses free a moment ago.
+func freeRoutes(n int) ([]*net.TCPAddr, error) {
+	addrs := make([]*net.TCPAddr, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		// Held open until all n are taken, so the n differ.
+		defer l.Close()
+		addrs = append(addrs, l.Addr().(*net.TCPAddr))
+	}
+	return addrs, nil
+}
+
+func startServer(o *server.Options) (*server.Server, error) {
+	s, err := server.NewServer(o)
+	if err != nil {
+		return nil, err
+	}
+	go s.Start()
+	if !s.ReadyForConnections(waitLimit) {
+		s.Shutdown()
+		return nil, fmt.Errorf("not ready for connections after %v", waitLimit)
+	}
+	return s, nil
+}
+
+// URLs returns the client URL of every node, down or not, in node order.
+func (c *Cluster) URLs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	urls := make([]string, len(c.opts))
+	for i, o := range c.opts {
+		urls[i] = fmt.Sprintf("nats://%s:%d", o.Host, o.Port)
+	}
+	return urls
+}
+
+// URL returns every node's client URL comma-separated, as nats.Connect (and
+// --nats-url) takes them, so a client fails over between the nodes.
+func (c *Cluster) URL() string { return strings.Join(c.URLs(), ",") }
+
+// Name returns the server name of node i (0-based): "n1", "n2" or "n3".
+func (c *Cluster) Name(i int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.opts[i].ServerName
+}
+
+// Server returns node i, or nil while it is shut down.
+func (c *Cluster) Server(i int) *server.Server {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.servers[i]
+}
+
+// Index returns the index of the node with the given server name, or -1.
+func (c *Cluster) Index(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, o := range c.opts {
+		if o.ServerName == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Shutdown stops node i and waits until it is down. Its store directory is
+// kept for Restart. Shutting down a node that is down does nothing.
+func (c *Cluster) Shutdown(i int) {
+	c.mu.Lock()
+	s := c.servers[i]
+	c.servers[i] = nil
+	c.mu.Unlock()
+	if s != nil {
+		s.Shutdown()
+		s.WaitForShutdown()
+	}
+}
+
+// ShutdownByName stops the node with the given server name (as a stream or
+// consumer leader is reported) and returns its index.
+func (c *Cluster) ShutdownByName(name string) int {
+	c.t.Helper()
+	i := c.Index(name)
+	if i < 0 {
+		c.t.Fatalf("natstest: no node named %q", name)
+	}
+	c.Shutdown(i)
+	return i
+}
+
+// Restart starts node i again on the same ports with the same store
+// directory, and waits until it has rejoined: the meta group has a leader that
+// counts it among its peers. Restarting a node that is up does nothing.
+func (c *Cluster) Restart(i int) {
+	c.t.Helper()
+	c.mu.Lock()
+	if c.servers[i] != nil {
+		c.mu.Unlock()
+		return
+	}
+	o := c.opts[i].Clone()
+	c.mu.Unlock()
+	s, err := startServer(o)
+	if err != nil {
+		c.t.Fatalf("natstest: restart %s: %v", o.ServerName, err)
+	}
+	c.mu.Lock()
+	c.servers[i] = s
+	c.mu.Unlock()
+	c.wait(o.ServerName+" current with the meta leader", func() string {
+		if c.MetaLeader() != "" && s.JetStreamIsCurrent() {
+			return s.Name()
+		}
+		return ""
+	})
+}
+
+// MetaLeader returns the name of the node leading the JetStream meta group,
+// or "" when there is none.
+func (c *Cluster) MetaLeader() string {
+	return c.find(func(s *server.Server) bool { return s.JetStreamIsLeader() })
+}
+
+// WaitMetaLeader waits until the JetStream meta group has a leader, and
+// returns its name.
+func (c *Cluster) WaitMetaLeader() string {
+	c.t.Helper()
+	return c.wait("meta leader", c.MetaLeader)
+}
+
+// StreamLeader returns the name of the node leading the stream (in the
+// default account), or "" when there is none. It asks the running servers
+// themselves, so it never answers with a node that is down, as a cached
+// StreamInfo can.
+func (c *Cluster) StreamLeader(stream string) string {
+	return c.find(func(s *server.Server) bool { return s.JetStreamIsStreamLeader(account, stream) })
+}
+
+// ConsumerLeader returns the name of the node leading the stream's consumer,
+// or "" when there is none.
+func (c *Cluster) ConsumerLeader(stream, consumer string) string {
+	return c.find(func(s *server.Server) bool { return s.JetStreamIsConsumerLeader(account, stream, consumer) })
+}
+
+// WaitStreamLeader waits until the stream has a leader and returns its name.
+func (c *Cluster) WaitStreamLeader(stream string) string {
+	c.t.Helper()
+	return c.wait("leader of stream "+stream, func() string { return c.StreamLeader(stream) })
+}
+
+// WaitConsumerLeader waits until the consumer has a leader and returns its
+// name.
+func (c *Cluster) WaitConsumerLeader(stream, consumer string) string {
+	c.t.Helper()
+	return c.wait("leader of consumer "+stream+"/"+consumer, func() string { return c.ConsumerLeader(stream, consumer) })
+}
+
+func (c *Cluster) find(is func(*server.Server) bool) string {
+	c.mu.Lock()
+	servers := append([]*server.Server(nil), c.servers...)
+	c.mu.Unlock()
+	for _, s := range servers {
+		if s != nil && s.Running() && is(s) {
+			return s.Name()
+		}
+	}
+	return ""
+}
+
+func (c *Cluster) wait(what string, get func() string) string {
+	c.t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for time.Now().Before(deadline) {
+		if name := get(); name != "" {
+			return name
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.t.Fatalf("natstest: no %s after %v", what, waitLimit)
+	return ""
+}
+
+// waitMeta waits until a meta leader counts peers nodes as its peers.
+func (c *Cluster) waitMeta(peers int) {
+	c.t.Helper()
+	c.wait(fmt.Sprintf("meta leader with %d peers", peers), func() string {
+		c.mu.Lock()
+		servers := append([]*server.Server(nil), c.servers...)
+		c.mu.Unlock()
+		for _, s := range servers {
+			if s != nil && s.JetStreamIsLeader() && len(s.JetStreamClusterPeers()) >= peers {
+				return s.Name()
+			}
+		}
+		return ""
+	})
+}
+
+func (c *Cluster) shutdownAll() {
+	for i := range c.servers {
+		c.Shutdown(i)
+	}
+}
