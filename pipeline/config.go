@@ -9,27 +9,36 @@ import (
 type Config struct {
 	// Consumer is the durable pull consumer's name on CTX_IN.
 	Consumer string
-	// Lanes is how many conversations are worked on at once.
+	// Lanes is how many workers apply inputs: how many conversations are
+	// worked on at once. A conversation is held by one worker at a time.
 	Lanes int
-	// LaneBuffer is how many inputs per lane may be fetched ahead; with
+	// LaneBuffer is how many inputs per worker may be fetched ahead; with
 	// MaxBatch it sizes the consumer's MaxAckPending, which bounds memory.
 	LaneBuffer int
-	// LaneBatch is how many waiting inputs a lane applies before one commit.
+	// LaneBatch is how many of a conversation's waiting inputs a worker
+	// applies before one commit.
 	LaneBatch int
-	// MaxBatch caps the inputs (across lanes) in one SQLite transaction.
+	// MaxBatch caps the inputs (across workers) in one SQLite transaction.
 	MaxBatch int
 	// AckWait is the consumer's ack wait; in-progress acks are sent every
 	// third of it while an input is held.
 	AckWait time.Duration
 	// MaxDeliver: an input delivered this many times is rejected as poison.
 	MaxDeliver int
-	// RetryBudget bounds how long a lane retries a transient failure.
+	// RetryBudget bounds how long a worker retries a transient failure.
 	RetryBudget time.Duration
 	// MaxInputBytes rejects larger payloads (too_large).
 	MaxInputBytes int
 	// MaxHeldBytes bounds the payload bytes fetched and not yet acked; past
-	// it the runner stops fetching until lanes catch up.
+	// it the runner stops fetching until workers catch up.
 	MaxHeldBytes int
+	// PullExpiry is how long one pull request waits on the server; the
+	// consumer's heartbeats come every fifth of it, and two missed ones make
+	// the runner rebuild its consumer.
+	PullExpiry time.Duration
+	// ProbeInterval is how often the runner asks the server about its
+	// consumer; Ready fails after three intervals without word from it.
+	ProbeInterval time.Duration
 	// ShutdownTimeout bounds a graceful stop.
 	ShutdownTimeout time.Duration
 }
@@ -48,6 +57,8 @@ func DefaultConfig() Config {
 		MaxInputBytes:   4 << 20,
 		MaxHeldBytes:    256 << 20,
 		ShutdownTimeout: 20 * time.Second,
+		PullExpiry:      5 * time.Second,
+		ProbeInterval:   2 * time.Second,
 	}
 }
 
@@ -66,6 +77,8 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.MaxInputBytes, d.MaxInputBytes)
 	orDefault(&c.MaxHeldBytes, d.MaxHeldBytes)
 	orDefault(&c.ShutdownTimeout, d.ShutdownTimeout)
+	orDefault(&c.PullExpiry, d.PullExpiry)
+	orDefault(&c.ProbeInterval, d.ProbeInterval)
 	return c
 }
 
@@ -81,6 +94,9 @@ func (c Config) Validate() error {
 	c = c.withDefaults()
 	if c.AckWait < time.Second {
 		return fmt.Errorf("ack wait %v is too short: in-progress acks need at least 1s", c.AckWait)
+	}
+	if c.PullExpiry < time.Second {
+		return fmt.Errorf("pull expiry %v is too short: the server needs at least 1s", c.PullExpiry)
 	}
 	if c.MaxDeliver < 2 {
 		return fmt.Errorf("max deliver %d leaves no room for a redelivery", c.MaxDeliver)

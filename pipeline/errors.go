@@ -12,7 +12,7 @@ import (
 type Kind uint8
 
 const (
-	// Retry: transient (SQLite busy, a NATS hiccup, a failed read). The lane
+	// Retry: transient (SQLite busy, a NATS hiccup, a failed read). The worker
 	// retries with backoff, up to the retry budget.
 	Retry Kind = iota + 1
 	// Reject: the input itself is bad; it is recorded with an
@@ -24,7 +24,7 @@ const (
 
 // KindOf classifies err. Anything unknown is Retry: the retry budget turns a
 // "transient" error that never clears into a rejection, so it cannot hold a
-// lane forever.
+// conversation forever.
 func KindOf(err error) Kind {
 	switch {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

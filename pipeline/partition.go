@@ -4,8 +4,8 @@ import "hash/fnv"
 
 // Partitions is the fixed number of partitions conversations are split into.
 // It never changes for a deployment: a conversation must always land in the
-// same partition, so that exactly one lane (and, with several instances, one
-// instance) applies its inputs.
+// same partition, so that, with several instances, exactly one instance
+// applies its inputs.
 const Partitions = 256
 
 // Partition returns the partition of a conversation id (FNV-1a).
@@ -14,6 +14,3 @@ func Partition(conv string) int {
 	h.Write([]byte(conv))
 	return int(h.Sum32() % Partitions)
 }
-
-// laneOf maps a partition to one of n lanes.
-func laneOf(conv string, n int) int { return Partition(conv) % n }

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -18,6 +20,10 @@ import (
 type Profiles struct {
 	mu sync.RWMutex
 	m  map[string]schema.Profile
+	// kv is the bucket behind a watched set: a profile the watch has not
+	// delivered yet is read from it directly.
+	kv  jetstream.KeyValue
+	log *slog.Logger
 }
 
 // StaticProfiles returns a fixed set (for in-process use and tests).
@@ -35,6 +41,29 @@ func (p *Profiles) Get(id string) (schema.Profile, bool) {
 	defer p.mu.RUnlock()
 	x, ok := p.m[id]
 	return x, ok
+}
+
+// Lookup returns a profile by id. A profile the set does not have is read
+// from the bucket before it is called unknown: after a broker restart the
+// watch may not have delivered it yet. An error means the bucket could not
+// be read and the caller should retry.
+func (p *Profiles) Lookup(ctx context.Context, id string) (schema.Profile, bool, error) {
+	if x, ok := p.Get(id); ok || p.kv == nil {
+		return x, ok, nil
+	}
+	e, err := p.kv.Get(ctx, id)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted), errors.Is(err, jetstream.ErrInvalidKey):
+		return schema.Profile{}, false, nil
+	case err != nil:
+		return schema.Profile{}, false, fmt.Errorf("read profile %q: %w", id, err)
+	}
+	x, err := schema.DecodeProfile(e.Value())
+	if err != nil || x.ID != id {
+		return schema.Profile{}, false, nil
+	}
+	p.set(id, &x)
+	return x, true, nil
 }
 
 // IDs lists the profile ids.
@@ -79,51 +108,110 @@ func SeedProfiles(ctx context.Context, kv jetstream.KeyValue, ps []schema.Profil
 // WatchProfiles loads every profile in the bucket and keeps the set current
 // until ctx ends. An invalid profile document is logged and ignored (the
 // previous version of that profile stays in force).
-func WatchProfiles(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger) (*Profiles, error) {
-	w, err := kv.WatchAll(ctx)
+//
+// The watch is started again whenever reconnected delivers (the caller
+// passes nc.StatusChanged(nats.CONNECTED)) and whenever it ends by itself:
+// after a broker restart the old watch's consumer is gone, and waiting for
+// its heartbeats to time out left profiles unseen for 15 s.
+func WatchProfiles(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger, reconnected <-chan nats.Status) (*Profiles, error) {
+	p := StaticProfiles()
+	p.kv, p.log = kv, log
+	w, err := p.watch(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+		for {
+			ended := w != nil && p.follow(ctx, w, reconnected)
+			if w != nil {
+				_ = w.Stop()
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if ended {
+				log.Warn("profile watch ended; watching again")
+			}
+			if w, err = p.watch(ctx, false); err != nil {
+				wait := backoff.next()
+				log.Error("cannot watch profiles; retrying", "err", err, "retry_in", wait)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(wait):
+				}
+				continue
+			}
+			backoff.reset()
+			log.Info("watching profiles again", "profiles", len(p.IDs()))
+		}
+	}()
+	return p, nil
+}
+
+// watch starts a watch and applies the bucket's current values. It logs
+// each profile only at the first start, not at every rewatch.
+func (p *Profiles) watch(ctx context.Context, first bool) (jetstream.KeyWatcher, error) {
+	w, err := p.kv.WatchAll(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("watch profiles: %w", err)
-	}
-	p := StaticProfiles()
-	apply := func(e jetstream.KeyValueEntry) {
-		if e.Operation() != jetstream.KeyValuePut {
-			p.set(e.Key(), nil)
-			return
-		}
-		x, err := schema.DecodeProfile(e.Value())
-		if err != nil {
-			log.Warn("ignoring an invalid profile", "key", e.Key(), "err", err)
-			return
-		}
-		if x.ID != e.Key() {
-			log.Warn("ignoring a profile whose id is not its key", "key", e.Key(), "id", x.ID)
-			return
-		}
-		p.set(x.ID, &x)
-		log.Info("profile loaded", "id", x.ID, "window", x.ContextWindow, "strategy", x.StrategyOrDefault())
 	}
 	// The initial values end with a nil entry.
 	for e := range w.Updates() {
 		if e == nil {
 			break
 		}
-		apply(e)
+		p.apply(e, first)
 	}
-	go func() {
-		defer w.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e, ok := <-w.Updates():
-				if !ok {
-					return
-				}
-				if e != nil {
-					apply(e)
-				}
+	if first {
+		p.log.Info("profiles loaded", "ids", p.IDs())
+	}
+	return w, nil
+}
+
+// follow applies updates until ctx ends (false), the watch's channel closes
+// (true) or the connection comes back after a disconnect (false).
+func (p *Profiles) follow(ctx context.Context, w jetstream.KeyWatcher, reconnected <-chan nats.Status) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-reconnected:
+			return false
+		case e, ok := <-w.Updates():
+			if !ok {
+				return true
+			}
+			if e != nil {
+				p.apply(e, true)
 			}
 		}
-	}()
-	return p, nil
+	}
+}
+
+func (p *Profiles) apply(e jetstream.KeyValueEntry, verbose bool) {
+	if e.Operation() != jetstream.KeyValuePut {
+		p.set(e.Key(), nil)
+		return
+	}
+	x, err := schema.DecodeProfile(e.Value())
+	if err != nil {
+		p.log.Warn("ignoring an invalid profile", "key", e.Key(), "err", err)
+		return
+	}
+	if x.ID != e.Key() {
+		p.log.Warn("ignoring a profile whose id is not its key", "key", e.Key(), "id", x.ID)
+		return
+	}
+	if old, ok := p.Get(x.ID); verbose && (!ok || !sameProfile(old, x)) {
+		p.log.Debug("profile updated", "id", x.ID, "window", x.ContextWindow, "strategy", x.StrategyOrDefault())
+	}
+	p.set(x.ID, &x)
+}
+
+func sameProfile(a, b schema.Profile) bool {
+	x, _ := schema.Marshal(a)
+	y, _ := schema.Marshal(b)
+	return string(x) == string(y)
 }

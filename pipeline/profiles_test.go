@@ -30,7 +30,7 @@ func TestProfilesSeedAndWatch(t *testing.T) {
 	if err := pipeline.SeedProfiles(ctx, kv, []schema.Profile{a}); err != nil {
 		t.Fatal(err)
 	}
-	ps, err := pipeline.WatchProfiles(ctx, kv, slog.New(slog.DiscardHandler))
+	ps, err := pipeline.WatchProfiles(ctx, kv, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,22 +25,34 @@ const defaultWait = 10 * time.Second
 
 // ServeQueries answers ctx.q.history and ctx.q.status from SQLite in the
 // queue group, so each query is answered by one instance. Each request runs
-// in its own goroutine (at most maxConcurrent at once), so a long wait_for
-// never holds up the others. The returned func unsubscribes.
+// in its own goroutine. Reading the store is bounded (at most
+// maxConcurrent at once); waiting for a wait_for input is not, so any
+// number of pending waits never delays a status or history read (the waits
+// themselves are capped at maxWaits). The returned func unsubscribes.
 func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error, error) {
-	const maxConcurrent = 256
-	sem := make(chan struct{}, maxConcurrent)
+	const maxConcurrent, maxWaits = 256, 65536
+	reads := make(chan struct{}, maxConcurrent)
+	waits := make(chan struct{}, maxWaits)
+	r.maxReply = int(nc.MaxPayload())
 	serve := func(h func(context.Context, []byte) []byte) nats.MsgHandler {
 		return func(m *nats.Msg) {
-			sem <- struct{}{}
+			if !SafeReply(m.Reply) {
+				// Defence in depth: a forged reply subject could make the
+				// service write into a stream, a bucket or another
+				// conversation's events. Nothing is sent.
+				r.Log.Warn("query refused: reply subject outside an inbox", "subject", m.Subject, "reply", m.Reply)
+				r.Metrics.Inc("ctxpipe_queries_refused_total", "")
+				return
+			}
 			go func() {
-				defer func() { <-sem }()
-				if err := m.Respond(h(ctx, m.Data)); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
+				qctx := withQuerySlots(ctx, reads, waits)
+				if err := m.Respond(h(qctx, m.Data)); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
 					r.Log.Warn("query reply failed", "subject", m.Subject, "err", err)
 				}
 			}()
 		}
 	}
+	r.Metrics.Help("ctxpipe_queries_refused_total", "Queries refused because their reply subject was outside an inbox prefix.")
 	hs, err := nc.QueueSubscribe(schema.SubjectHistory, bus.QueueGroup, serve(r.History))
 	if err != nil {
 		return nil, err
@@ -49,6 +63,60 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 		return nil, err
 	}
 	return func() error { return errors.Join(hs.Drain(), ss.Drain()) }, nil
+}
+
+// SafeReply tells whether the service may publish a reply to subject: only
+// to a client inbox (_INBOX..., including per-user prefixes such as
+// _INBOX_acme.) or to a reply subject the server made for a cross-account
+// request (_R_....). Never into $JS, $KV, ctx.* or any other subject.
+func SafeReply(subject string) bool {
+	if strings.HasPrefix(subject, "_R_.") {
+		return true
+	}
+	if !strings.HasPrefix(subject, "_INBOX") {
+		return false
+	}
+	rest := subject[len("_INBOX"):]
+	dot := strings.IndexByte(rest, '.')
+	if dot < 0 || dot == len(rest)-1 {
+		return false
+	}
+	// _INBOX.x or _INBOX_<name>.x: the prefix itself holds no dot or wildcard.
+	return !strings.ContainsAny(subject, "*> \t")
+}
+
+// querySlots bounds what queries hold: store reads and pending waits.
+type querySlots struct{ reads, waits chan struct{} }
+
+type querySlotsKey struct{}
+
+func withQuerySlots(ctx context.Context, reads, waits chan struct{}) context.Context {
+	return context.WithValue(ctx, querySlotsKey{}, querySlots{reads, waits})
+}
+
+// readSlot takes a store-read slot for the query in ctx; the func gives it
+// back. Without slots in ctx (a direct call) it is free.
+func readSlot(ctx context.Context) func() {
+	s, ok := ctx.Value(querySlotsKey{}).(querySlots)
+	if !ok {
+		return func() {}
+	}
+	s.reads <- struct{}{}
+	return func() { <-s.reads }
+}
+
+// waitSlot takes a wait slot, or reports that too many waits are pending.
+func waitSlot(ctx context.Context) (func(), bool) {
+	s, ok := ctx.Value(querySlotsKey{}).(querySlots)
+	if !ok {
+		return func() {}, true
+	}
+	select {
+	case s.waits <- struct{}{}:
+		return func() { <-s.waits }, true
+	default:
+		return nil, false
+	}
 }
 
 func queryError(err error) []byte {
@@ -69,10 +137,11 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 		return queryError(err)
 	}
 	if req.WaitFor != "" {
-		if err := r.waitFor(ctx, req.WaitFor, req.Timeout(defaultWait)); err != nil {
+		if err := r.waitFor(ctx, req.ConversationID, req.WaitFor, req.Timeout(defaultWait)); err != nil {
 			return queryError(err)
 		}
 	}
+	defer readSlot(ctx)()
 	load := r.Store.MessagesRaw
 	if req.View == schema.ViewEffective {
 		// Only what no summary or marker hides: bounded by the context, not
@@ -94,11 +163,58 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 	if req.View == schema.ViewEffective {
 		out = stages.EffectiveHistory(msgs)
 	}
-	b, err := encodeHistory(req.ConversationID, req.View, out, stored(msgs, bodies))
+	page, err := pageOf(out, req)
 	if err != nil {
 		return queryError(err)
 	}
+	b, err := encodeHistory(req.ConversationID, req.View, page, stored(msgs, bodies))
+	if err != nil {
+		return queryError(err)
+	}
+	if r.maxReply > 0 && len(b) > r.maxReply {
+		n := max(1, len(page.msgs)*r.maxReply/len(b)/2)
+		return queryError(schema.QueryErrorf(schema.QueryTooLarge,
+			"the reply is %d bytes (%d messages), over the %d-byte message limit: ask with \"limit\" (about %d fits) and follow next_cursor",
+			len(b), len(page.msgs), r.maxReply, n))
+	}
 	return b
+}
+
+// historyPage is the slice of a view one reply carries.
+type historyPage struct {
+	msgs  []schema.Message
+	total int    // messages in the whole view; 0 when not paged
+	next  string // cursor of the next page; "" at the end
+}
+
+// pageOf cuts the page a request asks for out of a view. A cursor is
+// "<offset>.<id of the message before offset>": if the view changed so
+// that another message stands there (a condense, truncation or rewind in
+// between), the cursor is refused and the client reads again from the
+// start, rather than getting a page that does not follow the last.
+func pageOf(view []schema.Message, req schema.HistoryRequest) (historyPage, error) {
+	if req.Limit == 0 && req.Cursor == "" {
+		return historyPage{msgs: view}, nil
+	}
+	from := 0
+	if req.Cursor != "" {
+		off, id, ok := strings.Cut(req.Cursor, ".")
+		n, err := strconv.Atoi(off)
+		if !ok || err != nil || n < 1 || n > len(view) || view[n-1].ID != id {
+			return historyPage{}, schema.QueryErrorf(schema.QueryBadRequest,
+				"cursor %q does not continue this history (it changed since, or the cursor is not ours): read again without a cursor", req.Cursor)
+		}
+		from = n
+	}
+	to := len(view)
+	if req.Limit > 0 {
+		to = min(to, from+req.Limit)
+	}
+	p := historyPage{msgs: view[from:to], total: len(view)}
+	if to < len(view) {
+		p.next = strconv.Itoa(to) + "." + view[to-1].ID
+	}
+	return p, nil
 }
 
 // storedBody is a message's body as stored, and how many blocks it had.
@@ -123,7 +239,8 @@ func stored(msgs []schema.Message, bodies [][]byte) map[string]storedBody {
 // would, but sends each untagged, unedited message's stored body as it is:
 // encoding a long history again on every read (agents read after nearly
 // every turn) was most of the service's CPU.
-func encodeHistory(conv string, view schema.View, msgs []schema.Message, bodies map[string]storedBody) ([]byte, error) {
+func encodeHistory(conv string, view schema.View, page historyPage, bodies map[string]storedBody) ([]byte, error) {
+	msgs := page.msgs
 	head, err := schema.Marshal(schema.HistoryReply{ConversationID: conv, View: view, Messages: []schema.Message{}})
 	if err != nil {
 		return nil, err
@@ -150,14 +267,26 @@ func encodeHistory(conv string, view schema.View, msgs []schema.Message, bodies 
 		}
 		buf = append(buf, b...)
 	}
-	return append(buf, "]}"...), nil
+	buf = append(buf, ']')
+	if page.total > 0 {
+		buf = append(buf, `,"total":`...)
+		buf = strconv.AppendInt(buf, int64(page.total), 10)
+	}
+	if page.next != "" {
+		buf = append(buf, `,"next_cursor":`...)
+		buf = strconv.AppendQuote(buf, page.next)
+	}
+	return append(buf, '}'), nil
 }
 
-// waitFor returns once input id is committed, or an error on timeout or
-// when the input was rejected.
-func (r *Runner) waitFor(ctx context.Context, id string, timeout time.Duration) error {
+// waitFor returns once input id of conversation conv is committed, or an
+// error on timeout or when the input was rejected. An id committed in
+// another conversation does not count: an agent is never told its turn is
+// there when it is not. The wait holds no store-read slot.
+func (r *Runner) waitFor(ctx context.Context, conv, id string, timeout time.Duration) error {
 	check := func() (bool, error) {
-		status, reason, found, err := r.Store.InputStatus(ctx, id)
+		defer readSlot(ctx)()
+		status, reason, found, err := r.Store.InputStatusIn(ctx, conv, id)
 		if err != nil || !found {
 			return false, err
 		}
@@ -169,22 +298,34 @@ func (r *Runner) waitFor(ctx context.Context, id string, timeout time.Duration) 
 	if ok, err := check(); ok || err != nil {
 		return err
 	}
+	release, ok := waitSlot(ctx)
+	if !ok {
+		return schema.QueryErrorf(schema.QueryTimeout, "too many waits pending; input %s was not awaited", id)
+	}
+	defer release()
 	ch, cancel := r.waiters.wait(id)
-	defer cancel()
+	defer func() { cancel() }()
 	// Checked again after registering: the commit may have landed between.
 	if ok, err := check(); ok || err != nil {
 		return err
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
-	select {
-	case <-ch:
-		_, err := check()
-		return err
-	case <-t.C:
-		return schema.QueryErrorf(schema.QueryTimeout, "input %s was not applied within %v", id, timeout)
-	case <-ctx.Done():
-		return ctx.Err()
+	for {
+		select {
+		case <-ch:
+			if ok, err := check(); ok || err != nil {
+				return err
+			}
+			// The id was committed elsewhere (another conversation's input
+			// reusing it is rejected there): keep waiting for ours.
+			cancel()
+			ch, cancel = r.waiters.wait(id)
+		case <-t.C:
+			return schema.QueryErrorf(schema.QueryTimeout, "input %s was not applied within %v", id, timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
 
@@ -197,6 +338,7 @@ func (r *Runner) Status(ctx context.Context, data []byte) []byte {
 	if err := req.Validate(); err != nil {
 		return queryError(err)
 	}
+	defer readSlot(ctx)()
 	st, found, err := r.Store.State(ctx, req.ConversationID)
 	if err != nil {
 		return queryError(err)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -36,9 +37,17 @@ type Runner struct {
 	cfg Config
 	Deps
 	waiters *waiters
+	health  health
+	// maxReply is the connection's max payload: a query reply must fit.
+	maxReply int
 
-	lanes   []*laneQueue
+	sched   *scheduler
 	commits chan *commitReq
+	// gen counts the consumers this runner has created: inputs fetched
+	// from an older one can no longer be acked (that consumer is gone) and
+	// come back from the new one, so their ack and in-progress failures are
+	// expected, not worth a warning.
+	gen atomic.Uint64
 
 	heldMu    sync.Mutex
 	held      map[*job]struct{}
@@ -46,12 +55,13 @@ type Runner struct {
 	roomFreed *sync.Cond // signalled when held bytes go down
 }
 
-// job is one fetched JetStream message on its way through a lane.
+// job is one fetched JetStream message on its way through a worker.
 type job struct {
 	msg     jetstream.Msg
 	conv    string // the subject's conversation token, "" when unreadable
 	seq     uint64 // stream sequence: the id of last resort
 	deliver uint64 // delivery count
+	gen     uint64 // the consumer generation it was fetched from
 	touched time.Time
 }
 
@@ -71,8 +81,16 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	r.roomFreed = sync.NewCond(&r.heldMu)
 	r.Metrics.Help("ctxpipe_inputs_total", "Inputs by outcome (applied, rejected, duplicate).")
 	r.Metrics.Help("ctxpipe_events_total", "Events committed to the outbox, by type.")
-	r.Metrics.Help("ctxpipe_retries_total", "Lane retries of transient failures.")
+	r.Metrics.Help("ctxpipe_retries_total", "Worker retries of transient failures.")
 	r.Metrics.Help("ctxpipe_commits_total", "SQLite transactions committed.")
+	r.Metrics.Help("ctxpipe_consumer_rebuilds_total", "Times the runner rebuilt its consumer after a fetch failure.")
+	r.Metrics.Gauge("ctxpipe_last_fetch_age_seconds", "Seconds since the runner last heard from its consumer (a message or a successful consumer check); -1 before the first.", func(context.Context) (float64, error) {
+		age, ok := r.health.fetchAge(time.Now())
+		if !ok {
+			return -1, nil
+		}
+		return age.Seconds(), nil
+	})
 	return r, nil
 }
 
@@ -90,45 +108,29 @@ func (r *Runner) ConsumerConfig() jetstream.ConsumerConfig {
 }
 
 // Run consumes until ctx is done, then stops gracefully: no new fetches,
-// lanes finish (or give back, past ShutdownTimeout) what they hold, and the
-// last commits complete. It returns nil after a graceful stop.
+// workers finish (or give back, past ShutdownTimeout) what they hold, and
+// the last commits complete. It returns nil after a graceful stop.
+//
+// Run survives what a live cluster does to a consumer (missed heartbeats, a
+// leader change, the consumer deleted, the JetStream API timing out): it
+// rebuilds the consumer with backoff and goes on. It returns an error only
+// when it cannot go on at all (the connection was closed); the caller
+// should then exit so that a supervisor restarts the process.
 func (r *Runner) Run(ctx context.Context) error {
-	cons, err := r.resume(ctx)
-	if err != nil {
-		return err
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(min(r.cfg.Lanes*r.cfg.LaneBuffer/2, 2048)))
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", bus.StreamIn, err)
-	}
-
-	// Lanes keep working after ctx ends, until their queues are empty or
+	// Workers keep working after ctx ends, until the queues are empty or
 	// the shutdown timeout passes: then work is cancelled and what is left
 	// is given back to JetStream.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	go func() {
-		<-ctx.Done()
-		it.Drain()
-		t := time.NewTimer(r.cfg.ShutdownTimeout)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			cancelWork()
-		case <-work.Done():
-		}
-	}()
-
-	r.lanes = make([]*laneQueue, r.cfg.Lanes)
+	r.sched = newScheduler()
 	r.commits = make(chan *commitReq, r.cfg.Lanes)
-	var lanes, committer sync.WaitGroup
-	for i := range r.lanes {
-		r.lanes[i] = newLaneQueue()
-		lanes.Add(1)
-		go func(q *laneQueue) {
-			defer lanes.Done()
-			r.lane(work, q)
-		}(r.lanes[i])
+	var workers, committer sync.WaitGroup
+	for range r.cfg.Lanes {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			r.worker(work)
+		}()
 	}
 	committer.Add(1)
 	go func() {
@@ -138,26 +140,147 @@ func (r *Runner) Run(ctx context.Context) error {
 	hbDone := make(chan struct{})
 	go r.heartbeat(hbDone)
 
-	r.Log.Info("consuming", "stream", bus.StreamIn, "consumer", r.cfg.Consumer, "lanes", r.cfg.Lanes)
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				r.Log.Error("fetch failed", "err", err)
-			}
-			break
-		}
-		r.dispatch(msg)
+	err := r.consume(ctx)
+
+	r.sched.close()
+	stopped := make(chan struct{})
+	go func() {
+		workers.Wait()
+		close(stopped)
+	}()
+	t := time.NewTimer(r.cfg.ShutdownTimeout)
+	select {
+	case <-stopped:
+	case <-t.C:
+		cancelWork()
+		<-stopped
 	}
-	for _, l := range r.lanes {
-		l.close()
-	}
-	lanes.Wait()
+	t.Stop()
 	close(r.commits)
 	committer.Wait()
 	close(hbDone)
+	r.health.stopped()
+	if err != nil {
+		r.Log.Error("consumer stopped", "err", err)
+		return err
+	}
 	r.Log.Info("consumer stopped")
 	return nil
+}
+
+// Ready tells whether the runner is consuming: its consumer exists and it
+// heard from it recently. It is what /readyz reports.
+func (r *Runner) Ready() (bool, string) { return r.health.ready(time.Now(), 3*r.cfg.ProbeInterval) }
+
+// consume (re)builds the consumer and fetches from it until ctx is done.
+// Every failure is logged and followed, once consuming works again, by a
+// recovery line.
+func (r *Runner) consume(ctx context.Context) error {
+	backoff := newBackoff(250*time.Millisecond, 5*time.Second)
+	var failedAt time.Time
+	failures := 0
+	for ctx.Err() == nil {
+		err := r.consumeOnce(ctx, func() {
+			if failures > 0 {
+				r.Log.Info("consuming again", "stream", bus.StreamIn, "consumer", r.cfg.Consumer,
+					"failures", failures, "down_for", time.Since(failedAt).Round(time.Millisecond))
+				failures = 0
+			}
+			backoff.reset()
+		})
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, nats.ErrConnectionClosed) {
+			return fmt.Errorf("consume %s: %w", bus.StreamIn, err)
+		}
+		if failures == 0 {
+			failedAt = time.Now()
+		}
+		failures++
+		r.health.down(err)
+		r.Metrics.Inc("ctxpipe_consumer_rebuilds_total", "")
+		wait := backoff.next()
+		r.Log.Error("consumer failed; rebuilding it", "stream", bus.StreamIn, "consumer", r.cfg.Consumer,
+			"err", err, "attempt", failures, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	return nil
+}
+
+// consumeOnce creates the consumer after its ack floor and fetches from it
+// until ctx is done (nil) or the iterator fails (the error). up is called
+// once the consumer exists and fetching has started.
+func (r *Runner) consumeOnce(ctx context.Context, up func()) error {
+	cons, err := r.resume(ctx)
+	if err != nil {
+		return err
+	}
+	it, err := cons.Messages(
+		jetstream.PullMaxMessages(min(r.cfg.Lanes*r.cfg.LaneBuffer/2, 2048)),
+		// Short pulls with frequent heartbeats: a lost consumer leader is
+		// noticed in two heartbeats, not in the library's default 30 s.
+		jetstream.PullExpiry(r.cfg.PullExpiry),
+		jetstream.PullHeartbeat(r.cfg.PullExpiry/5),
+	)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", bus.StreamIn, err)
+	}
+	defer it.Stop()
+	// On shutdown, drain: messages already buffered are still dispatched
+	// (and acked after their commit) rather than dropped.
+	stopDrain := context.AfterFunc(ctx, it.Drain)
+	defer stopDrain()
+
+	probeCtx, stopProbe := context.WithCancel(ctx)
+	defer stopProbe()
+	go r.probe(probeCtx, cons)
+
+	r.health.up()
+	r.Log.Info("consuming", "stream", bus.StreamIn, "consumer", r.cfg.Consumer, "workers", r.cfg.Lanes)
+	up()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil && errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("fetch from %s: %w", bus.StreamIn, err)
+		}
+		r.health.fetched(time.Now())
+		r.dispatch(msg)
+	}
+}
+
+// probe asks the server about the consumer every ProbeInterval while the
+// runner fetches from it. An idle consumer sends no messages, so without
+// this the runner could not tell an idle stream from a dead consumer.
+func (r *Runner) probe(ctx context.Context, cons jetstream.Consumer) {
+	t := time.NewTicker(r.cfg.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.ProbeInterval)
+		info, err := cons.Info(pctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			r.health.probeFailed(err)
+		case info.Cluster != nil && info.Cluster.Leader == "" && len(info.Cluster.Replicas) > 0:
+			r.health.probeFailed(errors.New("consumer has no leader"))
+		default:
+			r.health.fetched(time.Now())
+		}
+	}
 }
 
 // resume (re)creates the durable consumer so that it starts right after its
@@ -165,12 +288,16 @@ func (r *Runner) Run(ctx context.Context) error {
 // ack wait expires, while newer inputs flow at once: a conversation's later
 // turns would overtake its earlier ones. Starting again from the ack floor
 // delivers everything not yet acked in stream order; inputs above the floor
-// that were applied already are dropped as duplicates by input id.
+// that were applied already are dropped as duplicates by input id. The same
+// holds when the runner rebuilds its own consumer after a failure: what the
+// old iterator had buffered comes back in order.
 //
-// This assumes one instance owns the consumer. With several instances each
-// will own its own partitions' consumers (see the package doc), and the same
-// resume applies per partition when an instance takes one over.
+// This assumes one instance owns the consumer (see InstanceLock). With
+// several instances each will own its own partitions' consumers, and the
+// same resume applies per partition when an instance takes one over.
 func (r *Runner) resume(ctx context.Context) (jetstream.Consumer, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	cfg := r.ConsumerConfig()
 	old, err := r.JS.Consumer(ctx, bus.StreamIn, cfg.Durable)
 	switch {
@@ -182,12 +309,14 @@ func (r *Runner) resume(ctx context.Context) (jetstream.Consumer, error) {
 		if floor := info.AckFloor.Stream; floor > 0 {
 			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
 		}
-		if err := r.JS.DeleteConsumer(ctx, bus.StreamIn, cfg.Durable); err != nil {
+		if err := r.JS.DeleteConsumer(ctx, bus.StreamIn, cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return nil, fmt.Errorf("reset consumer %s: %w", cfg.Durable, err)
 		}
 		r.Log.Info("resuming after the ack floor", "consumer", cfg.Durable, "ack_floor", info.AckFloor.Stream,
 			"unacked", info.NumAckPending, "delivered", info.Delivered.Stream)
 	}
+	// Inputs held from the consumer just deleted can no longer be acked.
+	r.gen.Add(1)
 	cons, err := r.JS.CreateOrUpdateConsumer(ctx, bus.StreamIn, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create consumer %s: %w", cfg.Durable, err)
@@ -196,7 +325,7 @@ func (r *Runner) resume(ctx context.Context) (jetstream.Consumer, error) {
 }
 
 func (r *Runner) dispatch(msg jetstream.Msg) {
-	j := &job{msg: msg, touched: time.Now()}
+	j := &job{msg: msg, touched: time.Now(), gen: r.gen.Load()}
 	if md, err := msg.Metadata(); err == nil {
 		j.seq, j.deliver = md.Sequence.Stream, md.NumDelivered
 		if j.deliver > 1 {
@@ -207,12 +336,13 @@ func (r *Runner) dispatch(msg jetstream.Msg) {
 		j.conv = conv
 	}
 	r.hold(j)
-	r.lanes[laneOf(j.conv, len(r.lanes))].push(j)
+	r.sched.push(j)
 }
 
-// hold registers a fetched input. Lane queues never block the dispatcher,
-// so this is where memory is bounded: past MaxHeldBytes the dispatcher waits
-// for the lanes to ack (one input is always let through, however large).
+// hold registers a fetched input. The scheduler never blocks the
+// dispatcher, so this is where memory is bounded: past MaxHeldBytes the
+// dispatcher waits for the workers to ack (one input is always let through,
+// however large).
 func (r *Runner) hold(j *job) {
 	n := len(j.msg.Data())
 	r.heldMu.Lock()
@@ -263,7 +393,7 @@ func (r *Runner) heartbeat(done <-chan struct{}) {
 			}
 			r.heldMu.Unlock()
 			for _, j := range due {
-				if err := j.msg.InProgress(); err != nil {
+				if err := j.msg.InProgress(); err != nil && j.gen == r.gen.Load() {
 					r.Log.Warn("in-progress ack failed", "seq", j.seq, "err", err)
 				}
 			}
@@ -271,24 +401,25 @@ func (r *Runner) heartbeat(done <-chan struct{}) {
 	}
 }
 
-// lane applies one partition set's inputs, one at a time and in order. It
-// takes what is queued (up to LaneBatch), applies it against an in-memory
-// overlay of the not-yet-committed results, commits once, then acks.
-func (r *Runner) lane(ctx context.Context, q *laneQueue) {
+// worker applies one conversation's waiting inputs at a time, in order:
+// against an in-memory overlay of the not-yet-committed results, then one
+// commit, then the acks.
+func (r *Runner) worker(ctx context.Context) {
 	for {
-		batch := q.pop(r.cfg.LaneBatch)
+		conv, batch := r.sched.take(r.cfg.LaneBatch)
 		if batch == nil {
 			return
 		}
 		if ctx.Err() != nil {
 			r.giveBack(batch)
-			continue
+		} else {
+			r.handle(ctx, batch)
 		}
-		r.handle(ctx, batch)
+		r.sched.release(conv)
 	}
 }
 
-// handle applies and commits a lane batch, retrying transient failures with
+// handle applies and commits a conversation's batch, retrying transient failures with
 // backoff within the retry budget. A batch that keeps failing is split so
 // that one bad input cannot hold back the others; a single input that keeps
 // failing is rejected as poison.
@@ -330,7 +461,7 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 }
 
 // poison records an input that kept failing as rejected, so it never blocks
-// its lane again. If even that cannot be committed, the input is given back.
+// its conversation again. If even that cannot be committed, the input is given back.
 func (r *Runner) poison(ctx context.Context, j *job, cause error) {
 	e := r.rejection(j, "", schema.Errorf(schema.ReasonPoison, "gave up after the retry budget: %v", cause))
 	if err := r.commit([]store.Entry{e}); err != nil {
@@ -351,7 +482,7 @@ func (r *Runner) ack(batch []*job) {
 		// Ack, not DoubleAck: a lost ack only causes a redelivery, which the
 		// input-id check turns into a no-op, and waiting for the server's
 		// confirmation per message would halve throughput.
-		if err := j.msg.Ack(); err != nil {
+		if err := j.msg.Ack(); err != nil && j.gen == r.gen.Load() {
 			r.Log.Warn("ack failed; the input will be redelivered and skipped", "seq", j.seq, "err", err)
 		}
 		r.release(j)
@@ -362,14 +493,14 @@ func (r *Runner) ack(batch []*job) {
 // instance, or this one after a restart, gets them at once.
 func (r *Runner) giveBack(batch []*job) {
 	for _, j := range batch {
-		if err := j.msg.Nak(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		if err := j.msg.Nak(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) && j.gen == r.gen.Load() {
 			r.Log.Warn("nak failed", "seq", j.seq, "err", err)
 		}
 		r.release(j)
 	}
 }
 
-// prepare runs the engine over a lane batch. Each conversation's state and
+// prepare runs the engine over a conversation's batch. Each conversation's state and
 // history are read from the store once and then carried forward in memory,
 // so the inputs of one batch see each other's effects before they commit.
 // Duplicates are found for the whole batch in one query.
@@ -387,31 +518,71 @@ func (r *Runner) prepare(ctx context.Context, batch []*job) ([]store.Entry, erro
 			ids = append(ids, in.ID)
 		}
 	}
-	stored, err := r.Store.Seen(ctx, ids)
+	stored, err := r.Store.SeenInputs(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
 	views := map[string]*convView{}
 	seen := map[string]bool{}
+	// taken holds this batch's applied inputs, as the store will hold them.
+	taken := map[string]store.SeenInput{}
 	entries := make([]store.Entry, 0, len(batch))
 	for i, j := range batch {
 		var e *store.Entry
-		switch it := items[i]; {
-		case it.rej != nil:
+		it := items[i]
+		if it.rej != nil {
 			e = r.once(it.rej, seen)
-		case seen[it.in.ID] || stored[it.in.ID]:
+			if e != nil {
+				entries = append(entries, *e)
+			}
+			continue
+		}
+		prev, dup := taken[it.in.ID]
+		if !dup {
+			prev, dup = stored[it.in.ID]
+		}
+		switch {
+		case dup && sameInput(prev, it.in.ConversationID, j.msg.Data()):
+			// A redelivery, or the client sent it again: already done.
 			r.Metrics.Inc("ctxpipe_inputs_total", `outcome="duplicate"`)
-			seen[it.in.ID] = true
+			continue
+		case dup:
+			e = r.reusedID(j, it.in, prev, seen)
 		default:
 			if e, err = r.apply(ctx, j, it.in, views, seen); err != nil {
 				return nil, err
 			}
+			taken[it.in.ID] = store.SeenInput{ConversationID: it.in.ConversationID, PayloadHash: store.PayloadHash(j.msg.Data())}
 		}
 		if e != nil {
 			entries = append(entries, *e)
 		}
 	}
 	return entries, nil
+}
+
+// sameInput tells whether a stored input is this very input again: the same
+// conversation and the same bytes.
+func sameInput(prev store.SeenInput, conv string, payload []byte) bool {
+	return prev.ConversationID == conv && prev.PayloadHash == store.PayloadHash(payload)
+}
+
+// reusedID rejects an input whose id was used before with other content or
+// in another conversation (duplicate_id). The rejection is recorded under an
+// id derived from the input id, the conversation and the content, so it is
+// idempotent itself and never collides with the input that owns the id.
+func (r *Runner) reusedID(j *job, in schema.Input, prev store.SeenInput, seen map[string]bool) *store.Entry {
+	h := store.PayloadHash(j.msg.Data())
+	where := "with other content"
+	if prev.ConversationID != in.ConversationID {
+		where = "in another conversation"
+	}
+	e := r.rejection(j, in.ID, schema.Errorf(schema.ReasonDuplicateID, "input id %s was used before %s", in.ID, where))
+	e.Input.ID = stages.DeriveID(fmt.Sprintf("%s/%s/%x", in.ID, in.ConversationID, h[:8]), "input/duplicate_id")
+	e.Input.ConversationID, e.Input.TS = in.ConversationID, in.TS
+	ev := e.Changes.Events[0].(*schema.InputRejected)
+	ev.ID = stages.DeriveID(e.Input.ID, "event/input_rejected")
+	return r.once(&e, seen)
 }
 
 // decode checks an input's size and delivery count and decodes it; a bad
@@ -458,7 +629,12 @@ func (r *Runner) apply(ctx context.Context, j *job, in schema.Input, views map[s
 		e.Input.ConversationID, e.Input.TS = in.ConversationID, in.TS
 		return r.once(&e, seen), nil
 	}
-	p, ok := r.Profiles.Get(pid)
+	p, ok, err := r.Profiles.Lookup(ctx, pid)
+	if err != nil {
+		// The bucket cannot be read now: retried, then poison past the
+		// retry budget; never rejected for a profile the watch missed.
+		return nil, err
+	}
 	if !ok {
 		return reject(schema.Errorf(schema.ReasonUnknownProfile, "no profile %q", pid))
 	}

@@ -53,7 +53,16 @@ type HistoryRequest struct {
 	// applied, so an agent can publish a turn and read the history holding it.
 	WaitFor   string `json:"wait_for,omitempty"`
 	TimeoutMS int64  `json:"timeout_ms,omitempty"`
+	// Limit caps the messages in one reply (0: all of them, if they fit in
+	// one NATS message; otherwise the reply is a too_large error). A reply
+	// that stops early carries next_cursor.
+	Limit int `json:"limit,omitempty"`
+	// Cursor continues a paged read: the next_cursor of the previous reply.
+	Cursor string `json:"cursor,omitempty"`
 }
+
+// MaxHistoryLimit bounds a history request's limit.
+const MaxHistoryLimit = 100_000
 
 // Validate checks the request and fills the default view ("effective").
 // A non-nil error is a *QueryErrorBody with code bad_request.
@@ -76,6 +85,12 @@ func (r *HistoryRequest) Validate() error {
 	if r.TimeoutMS < 0 {
 		return QueryErrorf(QueryBadRequest, "timeout_ms must not be negative")
 	}
+	if r.Limit < 0 || r.Limit > MaxHistoryLimit {
+		return QueryErrorf(QueryBadRequest, "limit must be in [0, %d], got %d", MaxHistoryLimit, r.Limit)
+	}
+	if len(r.Cursor) > 256 {
+		return QueryErrorf(QueryBadRequest, "cursor is not one this service returned")
+	}
 	return nil
 }
 
@@ -94,6 +109,10 @@ type HistoryReply struct {
 	ConversationID string    `json:"conversation_id"`
 	View           View      `json:"view"`
 	Messages       []Message `json:"messages"`
+	// Total is how many messages the whole view holds; set on paged replies.
+	Total int `json:"total,omitempty"`
+	// NextCursor, when set, reads the next page (the request's cursor).
+	NextCursor string `json:"next_cursor,omitempty"`
 }
 
 // StatusRequest is the body of a ctx.q.status request.

@@ -165,7 +165,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	m.cancel = cancel
-	profiles, err := pipeline.WatchProfiles(runCtx, kv, log)
+	profiles, err := pipeline.WatchProfiles(runCtx, kv, log, m.nc.StatusChanged(nats.CONNECTED))
 	if err != nil {
 		return err
 	}

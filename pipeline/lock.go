@@ -1,0 +1,169 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// LocksBucket is the KV bucket that records which instance consumes CTX_IN.
+const LocksBucket = "ctx_locks"
+
+// lockTTL is how long a lock outlives its holder's last refresh: a killed
+// instance's lock lapses after it, and a new instance may start.
+const lockTTL = 15 * time.Second
+
+// ErrLockHeld means another instance consumes CTX_IN.
+var ErrLockHeld = errors.New("another ctxpipe instance is consuming")
+
+// Holder says who holds the instance lock. Two processes with the same
+// holder are the same logical instance (the same SQLite file on the same
+// host), so a restart after a crash takes its own lock over at once instead
+// of waiting for it to lapse.
+type Holder struct {
+	Host    string `json:"host"`
+	DataDir string `json:"data_dir"`
+	PID     int    `json:"pid"`
+	Since   string `json:"since"`
+}
+
+func (h Holder) same(o Holder) bool { return h.Host == o.Host && h.DataDir == o.DataDir }
+
+// InstanceLock refuses a second instance on the same consumer. The runner
+// deletes and recreates its durable consumer when it resumes (after its ack
+// floor), which would break another instance's consumption, and each
+// instance would keep half the state in its own SQLite file. Until
+// partitions are owned per instance, one instance consumes; the lock makes
+// that a clear refusal instead of silent damage.
+type InstanceLock struct {
+	kv       jetstream.KeyValue
+	key      string
+	me       Holder
+	revision uint64
+	log      *slog.Logger
+}
+
+// AcquireLock takes the lock for consumer, or returns an error wrapping
+// ErrLockHeld that names the holder.
+func AcquireLock(ctx context.Context, js jetstream.JetStream, consumer string, me Holder, log *slog.Logger) (*InstanceLock, error) {
+	kv, err := js.KeyValue(ctx, LocksBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      LocksBucket,
+			Description: "ctxpipe: which instance consumes CTX_IN",
+			History:     1,
+			TTL:         lockTTL,
+			Storage:     jetstream.FileStorage,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, LocksBucket)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lock bucket %s: %w", LocksBucket, err)
+	}
+	l := &InstanceLock{kv: kv, key: "consumer." + consumer, me: me, log: log}
+	if me.Since == "" {
+		l.me.Since = time.Now().UTC().Format(time.RFC3339)
+	}
+	val, _ := json.Marshal(l.me)
+	rev, err := kv.Create(ctx, l.key, val)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		e, gerr := kv.Get(ctx, l.key)
+		if gerr != nil {
+			return nil, fmt.Errorf("read lock %s: %w", l.key, gerr)
+		}
+		var other Holder
+		_ = json.Unmarshal(e.Value(), &other)
+		if !other.same(me) {
+			return nil, fmt.Errorf("%w on %s: host %q, data dir %q, pid %d, since %s (one instance per consumer until partitioned scale-out; the lock lapses %v after its holder stops)",
+				ErrLockHeld, consumer, other.Host, other.DataDir, other.PID, other.Since, lockTTL)
+		}
+		rev, err = kv.Update(ctx, l.key, val, e.Revision())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("take lock %s: %w", l.key, err)
+	}
+	l.revision = rev
+	return l, nil
+}
+
+// Hold refreshes the lock until ctx is done, then releases it. It returns
+// an error wrapping ErrLockHeld if another instance took the lock meanwhile
+// (this one was cut off from NATS for longer than the lock's TTL): the
+// caller must stop consuming.
+func (l *InstanceLock) Hold(ctx context.Context) error {
+	t := time.NewTicker(lockTTL / 3)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if err := l.kv.Delete(dctx, l.key, jetstream.LastRevision(l.revision)); err != nil {
+				l.log.Debug("release lock", "err", err)
+			}
+			return nil
+		case <-t.C:
+		}
+		val, _ := json.Marshal(l.me)
+		uctx, cancel := context.WithTimeout(ctx, lockTTL/3)
+		rev, err := l.kv.Update(uctx, l.key, val, l.revision)
+		cancel()
+		switch {
+		case err == nil:
+			l.revision = rev
+			if failing {
+				l.log.Info("instance lock refreshed again", "key", l.key)
+				failing = false
+			}
+		case ctx.Err() != nil:
+		case errors.Is(err, jetstream.ErrKeyExists):
+			// Wrong last revision: the lock lapsed while this instance was
+			// cut off. Take it again unless another instance did.
+			if err := l.retake(ctx, val); err != nil {
+				return err
+			}
+			if failing {
+				l.log.Info("instance lock taken again", "key", l.key)
+				failing = false
+			}
+		default:
+			if !failing {
+				l.log.Warn("cannot refresh the instance lock; retrying", "key", l.key, "err", err)
+			}
+			failing = true
+		}
+	}
+}
+
+// retake takes the lock again after it lapsed; it fails with ErrLockHeld if
+// another instance holds it now.
+func (l *InstanceLock) retake(ctx context.Context, val []byte) error {
+	e, err := l.kv.Get(ctx, l.key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		rev, err := l.kv.Create(ctx, l.key, val)
+		if err != nil {
+			return fmt.Errorf("%w: lock %s lapsed and was taken: %v", ErrLockHeld, l.key, err)
+		}
+		l.revision = rev
+		return nil
+	case err != nil:
+		return nil // transient: the next tick tries again
+	}
+	var other Holder
+	_ = json.Unmarshal(e.Value(), &other)
+	if !other.same(l.me) {
+		return fmt.Errorf("%w: lock %s was taken over by host %q, data dir %q while this instance was cut off",
+			ErrLockHeld, l.key, other.Host, other.DataDir)
+	}
+	l.revision = e.Revision()
+	return nil
+}
