@@ -4,7 +4,7 @@ PKGS     := ./...
 BIN      := bin
 FUZZTIME ?= 60s
 
-.PHONY: run test build lint bench fuzz load clean
+.PHONY: run test build lint bench fuzz load clean quality
 
 ## run: start the service on embedded defaults (NATS JetStream in process, ./data/ctxpipe.db, offline condenser)
 run:
@@ -40,6 +40,12 @@ fuzz:
 ## load: end-to-end throughput and latency against a running service (make run in another shell)
 load:
 	$(GO) run ./cmd/publisher load --convs 50 --turns 200 --wait
+
+## quality: replay the shared agent runs (../shared/data/transcripts) through the engine under a
+## 32k-window profile, one row per strategy, and print what each reduction keeps (offline condenser
+## unless CTXPIPE_LLM_* names an endpoint; QUALITY_FLAGS="--format markdown" for the README)
+quality:
+	$(GO) run ./cmd/quality $(QUALITY_FLAGS)
 
 clean:
 	rm -rf $(BIN) data
