@@ -2,37 +2,170 @@ package pipeline
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/store"
 )
 
-// JetStreamPublisher publishes outbox rows to CTX_EVENTS with the event id as
-// Nats-Msg-Id, so a row published twice (a crash between publish and mark)
-// is dropped by the stream. It implements store.Publisher.
-type JetStreamPublisher struct{ JS jetstream.JetStream }
+// Progress subjects. A context_managing event is announced on
+// ctx.progress.<conv>.context_managing, as core NATS, the moment a condense
+// starts, so a UI can show "condensing…" while the summarizer runs. No stream
+// captures ctx.progress.>: it is a hint that may be lost and may announce a
+// condense that a crash then undoes. The record is ctx.events.<conv>.<type>
+// (CTX_EVENTS), where the outbox relay publishes every event SQLite
+// committed, context_managing included, each once.
+const (
+	// ProgressPrefix starts every progress subject.
+	ProgressPrefix = "ctx.progress."
+	// ProgressSubjects matches every progress subject (for subscribers and
+	// permissions).
+	ProgressSubjects = ProgressPrefix + ">"
+)
 
-// Publish sends one event and waits for the stream's ack.
-func (p JetStreamPublisher) Publish(ctx context.Context, subject string, data []byte, msgID string) error {
-	_, err := p.JS.Publish(ctx, subject, data, jetstream.WithMsgID(msgID))
-	return err
+// ProgressSubject is the subject a progress event of conversation conv and
+// type t goes to: ctx.progress.<conv>.<type>.
+func ProgressSubject(conv string, t schema.EventType) string {
+	return ProgressPrefix + conv + "." + string(t)
+}
+
+// DefaultScanLimit bounds how many messages JetStreamPublisher.PublishedAfter
+// reads; see there.
+const DefaultScanLimit = 10000
+
+// JetStreamPublisher publishes outbox rows to the event stream with the event
+// id as Nats-Msg-Id, and reads the stream back for the relay. It implements
+// store.Publisher and store.PublishedLister.
+type JetStreamPublisher struct {
+	JS jetstream.JetStream
+	// Stream is the event stream's name (default bus.StreamEvents). Publish
+	// expects it, so the sequences it returns are that stream's.
+	Stream string
+	// ScanLimit bounds PublishedAfter (default DefaultScanLimit).
+	ScanLimit int
+}
+
+func (p JetStreamPublisher) stream() string {
+	if p.Stream == "" {
+		return bus.StreamEvents
+	}
+	return p.Stream
+}
+
+// Publish sends one event, waits for the stream's ack and returns the
+// event's stream sequence (the original's, when the stream dropped it as a
+// duplicate).
+func (p JetStreamPublisher) Publish(ctx context.Context, subject string, data []byte, msgID string) (uint64, error) {
+	ack, err := p.JS.Publish(ctx, subject, data, jetstream.WithMsgID(msgID), jetstream.WithExpectStream(p.stream()))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// PublishedAfter returns the Nats-Msg-Id and sequence of the event stream's
+// messages after seq, up to the last sequence the stream had when it began.
+// It reads headers only, through an ephemeral consumer that it deletes, and
+// at most ScanLimit messages: the newest ones, where a relay's unmarked
+// events are (at most a batch and its retries, unless something else
+// publishes to ctx.events.> in the meantime).
+func (p JetStreamPublisher) PublishedAfter(ctx context.Context, seq uint64) ([]store.PublishedMsg, uint64, error) {
+	name := p.stream()
+	st, err := p.JS.Stream(ctx, name)
+	if err != nil {
+		return nil, 0, fmt.Errorf("stream %s: %w", name, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("stream %s: %w", name, err)
+	}
+	last := info.State.LastSeq
+	if last <= seq || info.State.Msgs == 0 {
+		return nil, last, nil
+	}
+	limit := uint64(p.ScanLimit)
+	if limit == 0 {
+		limit = DefaultScanLimit
+	}
+	start := max(seq+1, info.State.FirstSeq)
+	if last-start+1 > limit {
+		start = last - limit + 1
+	}
+	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		Description:       "ctxpipe outbox relay: which events are already in the stream",
+		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:       start,
+		AckPolicy:         jetstream.AckNonePolicy,
+		HeadersOnly:       true,
+		MemoryStorage:     true,
+		InactiveThreshold: time.Minute, // the server's cleanup if the delete below is lost
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("stream %s: read consumer: %w", name, err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = st.DeleteConsumer(dctx, cons.CachedInfo().Name) // best effort: InactiveThreshold is the fallback
+	}()
+	var out []store.PublishedMsg
+	for {
+		batch, err := cons.Fetch(int(min(last-start+1, 512)), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return nil, 0, fmt.Errorf("stream %s: read after seq %d: %w", name, seq, err)
+		}
+		n := 0
+		done := false
+		for m := range batch.Messages() {
+			n++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, 0, fmt.Errorf("stream %s: read after seq %d: %w", name, seq, err)
+			}
+			s := md.Sequence.Stream
+			if s > last {
+				done = true
+				continue
+			}
+			out = append(out, store.PublishedMsg{MsgID: m.Headers().Get(nats.MsgIdHdr), Seq: s})
+			if s == last {
+				done = true
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return nil, 0, fmt.Errorf("stream %s: read after seq %d: %w", name, seq, err)
+		}
+		// No message in a whole wait: the rest was removed by the stream's
+		// limits while we read.
+		if done || n == 0 || ctx.Err() != nil {
+			return out, last, ctx.Err()
+		}
+	}
 }
 
 // ProgressPublisher returns an Engine.Progress func that publishes the
 // context_managing event as soon as a condense starts, while the summarizer
-// runs. The same event is also committed to the outbox with the same id;
-// the stream's duplicate window drops the second copy, and if this publish
-// fails the outbox still delivers it.
+// runs, as core NATS on ProgressSubject(conv, type) (ctx.progress.<conv>.
+// context_managing). It is never published to ctx.events.>: CTX_EVENTS
+// holds only what SQLite committed, and the outbox relay publishes the same
+// event there once the batch commits, so ctx.events subscribers see it once.
+// A failed progress publish is only logged. js is used for its connection.
 func ProgressPublisher(js jetstream.JetStream, log *slog.Logger) func(context.Context, schema.Event) {
+	nc := js.Conn()
 	return func(ctx context.Context, ev schema.Event) {
+		h := ev.Header()
 		data, err := schema.Marshal(ev)
 		if err == nil {
-			_, err = js.Publish(ctx, schema.EventSubject(ev), data, jetstream.WithMsgID(ev.Header().ID))
+			err = nc.Publish(ProgressSubject(h.ConversationID, h.Type), data)
 		}
 		if err != nil {
-			log.Warn("progress event not published now; the outbox will deliver it", "event", ev.Header().ID, "err", err)
+			log.Warn("progress event not published; the event stream will still carry it after the commit", "event", h.ID, "err", err)
 		}
 	}
 }

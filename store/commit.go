@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -18,8 +19,11 @@ const (
 	StatusRejected Status = "rejected"
 )
 
-// InputRecord is the inputs row of one input: the payload exactly as
-// received, kept forever (a rewind deletes messages, never inputs).
+// InputRecord is the inputs row of one input, kept forever (a rewind deletes
+// messages, never inputs). An applied input keeps its payload exactly as
+// received; a rejected one keeps only its first RejectedPayloadPrefix bytes,
+// until Prune clears them. Every row keeps the whole payload's sha256
+// (PayloadHash) and size.
 type InputRecord struct {
 	// ID is the idempotency key. It must not be empty: for a payload whose id
 	// cannot be read, the caller picks a stable substitute (for example one
@@ -52,6 +56,11 @@ type Result struct {
 	// batch or earlier in this one): its Changes were skipped, and the caller
 	// should simply ack it.
 	Duplicate bool
+	// Conflict is true, with Duplicate, when the stored input with this id
+	// has another conversation or another payload hash: the id was reused
+	// for a different input, which was not stored. The caller should reject
+	// it (duplicate_id) rather than treat it as a redelivery.
+	Conflict bool
 }
 
 // EntryError says which entry of a batch made Commit fail. The whole batch
@@ -72,6 +81,8 @@ func (e *EntryError) Unwrap() error { return e.Err }
 // starts, so the write lock is held only for SQL.
 type encoded struct {
 	in      InputRecord
+	hash    [32]byte // of the whole payload
+	payload []byte   // what the row keeps of it
 	ch      *schema.Changes
 	conv    string
 	msgs    []encodedMessage
@@ -129,11 +140,11 @@ func (s *Store) Commit(ctx context.Context, batch []Entry) ([]Result, error) {
 	c := newCommitter(tx, s.now().UnixMilli())
 	results := make([]Result, len(enc))
 	for i := range enc {
-		dup, err := c.apply(ctx, &enc[i])
+		r, err := c.apply(ctx, &enc[i])
 		if err != nil {
 			return nil, fmt.Errorf("commit: %w", &EntryError{Index: i, InputID: enc[i].in.ID, Err: err})
 		}
-		results[i] = Result{InputID: enc[i].in.ID, Duplicate: dup}
+		results[i] = r
 	}
 	if err := c.writeStates(ctx); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
@@ -146,7 +157,8 @@ func (s *Store) Commit(ctx context.Context, batch []Entry) ([]Result, error) {
 
 func encodeEntry(e Entry) (encoded, error) {
 	in := e.Input
-	x := encoded{in: in, ch: e.Changes, conv: in.ConversationID}
+	x := encoded{in: in, ch: e.Changes, conv: in.ConversationID,
+		hash: PayloadHash(in.Payload), payload: storedPayload(in.Status, in.Payload)}
 	if in.ID == "" {
 		return x, errors.New("input id is empty")
 	}
@@ -300,8 +312,9 @@ func (c *committer) queryRow(ctx context.Context, q string, args ...any) (*sql.R
 }
 
 const (
-	qInsertInput = `INSERT INTO inputs (id, conversation_id, kind, subject, ts, payload, status, reason, received_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`
+	qInsertInput = `INSERT INTO inputs (id, conversation_id, kind, subject, ts, payload, payload_hash, payload_size,
+		status, reason, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`
+	qStoredInput   = `SELECT conversation_id, payload_hash FROM inputs WHERE id = ?`
 	qInsertMessage = `INSERT INTO messages (conversation_id, id, pos, ts, role, is_summary, condense_id, condense_parent,
 		is_truncation_marker, truncation_id, truncation_parent, tokens, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	qLastPos   = `SELECT COALESCE(MAX(pos), 0) FROM messages WHERE conversation_id = ?`
@@ -315,42 +328,68 @@ const (
 )
 
 // apply runs one entry inside the batch transaction and reports whether it
-// was a duplicate.
-func (c *committer) apply(ctx context.Context, x *encoded) (bool, error) {
+// was a duplicate, and whether that duplicate is a reused id.
+func (c *committer) apply(ctx context.Context, x *encoded) (Result, error) {
+	r, err := c.applyInput(ctx, x)
+	if err != nil || r.Duplicate {
+		return r, err
+	}
+	return r, c.applyChanges(ctx, x)
+}
+
+func (c *committer) applyInput(ctx context.Context, x *encoded) (Result, error) {
 	in := x.in
-	res, err := c.exec(ctx, qInsertInput, in.ID, in.ConversationID, in.Kind, in.Subject, in.TS, in.Payload,
-		string(in.Status), in.Reason, c.now)
+	r := Result{InputID: in.ID}
+	res, err := c.exec(ctx, qInsertInput, in.ID, in.ConversationID, in.Kind, in.Subject, in.TS, x.payload,
+		x.hash[:], len(in.Payload), string(in.Status), in.Reason, c.now)
 	if err != nil {
-		return false, fmt.Errorf("insert input: %w", err)
+		return r, fmt.Errorf("insert input: %w", err)
 	}
 	if n, err := res.RowsAffected(); err != nil {
-		return false, fmt.Errorf("insert input: %w", err)
-	} else if n == 0 {
-		return true, nil
+		return r, fmt.Errorf("insert input: %w", err)
+	} else if n > 0 {
+		return r, nil
 	}
+	r.Duplicate = true
+	var (
+		conv string
+		hash []byte
+	)
+	row, err := c.queryRow(ctx, qStoredInput, in.ID)
+	if err == nil {
+		err = row.Scan(&conv, &hash)
+	}
+	if err != nil {
+		return r, fmt.Errorf("read stored input: %w", err)
+	}
+	r.Conflict = conv != in.ConversationID || !bytes.Equal(hash, x.hash[:])
+	return r, nil
+}
+
+func (c *committer) applyChanges(ctx context.Context, x *encoded) error {
 	if x.ch == nil {
-		return false, nil
+		return nil
 	}
 	for _, id := range x.deletes {
 		if _, err := c.exec(ctx, qDelete, x.conv, id); err != nil {
-			return false, fmt.Errorf("delete message %s: %w", id, err)
+			return fmt.Errorf("delete message %s: %w", id, err)
 		}
 	}
 	for _, em := range x.msgs {
 		if err := c.insertMessage(ctx, x.conv, em); err != nil {
-			return false, err
+			return err
 		}
 	}
 	for _, t := range x.ch.Tags {
 		col, _ := tagColumn(t.Field) // checked by encodeEntry
 		res, err := c.exec(ctx, "UPDATE messages SET "+col+" = ? WHERE conversation_id = ? AND id = ?", t.Value, x.conv, t.MessageID)
 		if err != nil {
-			return false, fmt.Errorf("set %s on %s: %w", col, t.MessageID, err)
+			return fmt.Errorf("set %s on %s: %w", col, t.MessageID, err)
 		}
 		if n, err := res.RowsAffected(); err != nil {
-			return false, fmt.Errorf("set %s on %s: %w", col, t.MessageID, err)
+			return fmt.Errorf("set %s on %s: %w", col, t.MessageID, err)
 		} else if n == 0 {
-			return false, fmt.Errorf("set %s: message %s not found in conversation %s", col, t.MessageID, x.conv)
+			return fmt.Errorf("set %s: message %s not found in conversation %s", col, t.MessageID, x.conv)
 		}
 	}
 	if x.state != nil {
@@ -363,18 +402,18 @@ func (c *committer) apply(ctx context.Context, x *encoded) (bool, error) {
 		h := ev.h
 		res, err := c.exec(ctx, qPutEvent, h.ID, h.ConversationID, string(h.Type), h.TS, h.InputID, ev.ref, ev.body)
 		if err != nil {
-			return false, fmt.Errorf("insert event %s: %w", h.ID, err)
+			return fmt.Errorf("insert event %s: %w", h.ID, err)
 		}
 		if n, err := res.RowsAffected(); err != nil {
-			return false, fmt.Errorf("insert event %s: %w", h.ID, err)
+			return fmt.Errorf("insert event %s: %w", h.ID, err)
 		} else if n == 0 {
 			continue // already stored, and so already in the outbox
 		}
 		if _, err := c.exec(ctx, qPutOutbox, h.ID, ev.subject, ev.body); err != nil {
-			return false, fmt.Errorf("outbox event %s: %w", h.ID, err)
+			return fmt.Errorf("outbox event %s: %w", h.ID, err)
 		}
 	}
-	return false, nil
+	return nil
 }
 
 func (c *committer) insertMessage(ctx context.Context, conv string, em encodedMessage) error {

@@ -2,17 +2,39 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 )
 
-// Publisher sends one event. msgID is the event id; the JetStream adapter
-// passes it as Nats-Msg-Id (jetstream.WithMsgID) so a row published twice,
-// after a crash between publish and mark, is dropped by the stream's dedup.
+// Publisher sends one event and returns its sequence in the event stream
+// (CTX_EVENTS), or 0 when it cannot tell. msgID is the event id; the
+// JetStream adapter passes it as Nats-Msg-Id (jetstream.WithMsgID) so a row
+// published twice inside the stream's duplicate window is dropped by the
+// stream; the sequence of a dropped copy is the original's.
 type Publisher interface {
-	Publish(ctx context.Context, subject string, data []byte, msgID string) error
+	Publish(ctx context.Context, subject string, data []byte, msgID string) (seq uint64, err error)
+}
+
+// PublishedMsg is one message the event stream holds.
+type PublishedMsg struct {
+	MsgID string // its Nats-Msg-Id: the event id
+	Seq   uint64 // its stream sequence
+}
+
+// PublishedLister reads back what the event stream holds, so the relay can
+// find the events it published but did not mark (a crash between the ack and
+// the mark, or a lost ack) after the stream's duplicate window has forgotten
+// their ids. A Publisher that also implements it (pipeline.JetStreamPublisher
+// does) gets this dedup beyond the window.
+type PublishedLister interface {
+	// PublishedAfter returns the stream's messages with a sequence above
+	// seq, in order, up to last, the stream's last sequence when the call
+	// began. It may read a bounded number of them, the newest.
+	PublishedAfter(ctx context.Context, seq uint64) (msgs []PublishedMsg, last uint64, err error)
 }
 
 // RelayOptions tunes a Relay. Zero fields take the defaults.
@@ -21,15 +43,32 @@ type RelayOptions struct {
 	BatchSize    int           // rows read, published and marked per round (default 64)
 	MinBackoff   time.Duration // first wait after a failure (default 50ms)
 	MaxBackoff   time.Duration // longest wait between retries (default 5s)
+	// DuplicateWindow is the event stream's duplicate window (default 2m,
+	// bus.DuplicateWindow). A row is sent again without a look at the
+	// stream only while its first attempt is younger than half of it; the
+	// margin covers the time between the attempt and the stream storing it.
+	DuplicateWindow time.Duration
 }
 
 // Relay publishes the outbox in seq order and marks what it published. Run
 // it in one goroutine per store; Notify and Flush may be called from any.
+//
+// With a Publisher that is also a PublishedLister, each event reaches the
+// stream once whatever the outage: on its first round with rows pending, and
+// before re-sending a row first tried more than half a duplicate window ago,
+// the relay reads the stream after its cursor (the sequence up to which the
+// stream and the outbox are known to agree, stored with every mark) and marks
+// the rows it finds there as published instead of sending them again.
 type Relay struct {
-	s    *Store
-	pub  Publisher
-	log  *slog.Logger
-	opts RelayOptions
+	s      *Store
+	pub    Publisher
+	lister PublishedLister // nil: rely on the duplicate window alone
+	log    *slog.Logger
+	opts   RelayOptions
+
+	// Used by Run's goroutine only.
+	reconciled bool                // the stream was read since Run started
+	attempts   map[int64]time.Time // outbox seq → first publish attempt, until marked
 
 	kick chan struct{}
 	mu   sync.Mutex
@@ -50,11 +89,15 @@ func NewRelay(s *Store, pub Publisher, log *slog.Logger, opts RelayOptions) *Rel
 	if opts.MaxBackoff < opts.MinBackoff {
 		opts.MaxBackoff = max(5*time.Second, opts.MinBackoff)
 	}
+	if opts.DuplicateWindow <= 0 {
+		opts.DuplicateWindow = 2 * time.Minute
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Relay{s: s, pub: pub, log: log.With("component", "outbox_relay"), opts: opts,
-		kick: make(chan struct{}, 1), prog: make(chan struct{})}
+	lister, _ := pub.(PublishedLister)
+	return &Relay{s: s, pub: pub, lister: lister, log: log.With("component", "outbox_relay"), opts: opts,
+		attempts: map[int64]time.Time{}, kick: make(chan struct{}, 1), prog: make(chan struct{})}
 }
 
 // Notify wakes the relay without blocking; the pipeline calls it after each
@@ -89,7 +132,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			backoff = min(max(2*backoff, r.opts.MinBackoff), r.opts.MaxBackoff)
 			wait = backoff
 			r.log.Warn("outbox relay round failed", "err", err, "retry_in", wait)
-		case n == r.opts.BatchSize:
+		case n >= r.opts.BatchSize:
 			backoff = 0
 			continue // more rows may be waiting
 		default:
@@ -125,47 +168,134 @@ type outboxRow struct {
 	data    []byte
 }
 
-// round publishes up to one batch and marks the published prefix in one
-// transaction. It returns how many rows it published.
-func (r *Relay) round(ctx context.Context) (int, error) {
+func (r *Relay) pending(ctx context.Context) ([]outboxRow, error) {
 	rows, err := r.s.r.QueryContext(ctx, `SELECT seq, event_id, subject, data FROM outbox
 		WHERE published_at IS NULL ORDER BY seq LIMIT ?`, r.opts.BatchSize)
 	if err != nil {
-		return 0, fmt.Errorf("read outbox: %w", err)
+		return nil, fmt.Errorf("read outbox: %w", err)
 	}
+	defer rows.Close()
 	var batch []outboxRow
 	for rows.Next() {
 		var o outboxRow
 		if err := rows.Scan(&o.seq, &o.eventID, &o.subject, &o.data); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("read outbox: %w", err)
+			return nil, fmt.Errorf("read outbox: %w", err)
 		}
 		batch = append(batch, o)
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("read outbox: %w", err)
+		return nil, fmt.Errorf("read outbox: %w", err)
 	}
-	var done []int64
-	var pubErr error
+	return batch, nil
+}
+
+// round publishes up to one batch and marks the published prefix in one
+// transaction. It returns how many rows it published or found published.
+func (r *Relay) round(ctx context.Context) (int, error) {
+	batch, err := r.pending(ctx)
+	if err != nil || len(batch) == 0 {
+		if err == nil {
+			// Nothing pending: nothing the stream could hold unmarked.
+			r.reconciled = true
+		}
+		return 0, err
+	}
+	found := 0
+	if r.needsReconcile(batch) {
+		if found, err = r.reconcile(ctx); err != nil {
+			return 0, err
+		}
+		if found > 0 {
+			if batch, err = r.pending(ctx); err != nil || len(batch) == 0 {
+				return found, err
+			}
+		}
+	}
+	var (
+		done    []int64
+		lastSeq uint64
+		pubErr  error
+	)
 	for _, o := range batch {
-		if err := r.pub.Publish(ctx, o.subject, o.data, o.eventID); err != nil {
+		if _, ok := r.attempts[o.seq]; !ok {
+			r.attempts[o.seq] = time.Now()
+		}
+		seq, err := r.pub.Publish(ctx, o.subject, o.data, o.eventID)
+		if err != nil {
 			pubErr = fmt.Errorf("publish %s (seq %d) on %s: %w", o.eventID, o.seq, o.subject, err)
 			break
 		}
 		done = append(done, o.seq)
+		lastSeq = seq
 	}
 	if len(done) > 0 {
 		// Marking uses a fresh context: rows already published should be
 		// marked even when ctx ended mid-batch, or they go out again.
 		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		err := r.s.markPublished(mctx, done)
+		err := r.s.markPublished(mctx, done, lastSeq)
 		cancel()
 		if err != nil {
 			return 0, err
 		}
+		for _, seq := range done {
+			delete(r.attempts, seq)
+		}
 	}
-	return len(done), pubErr
+	return found + len(done), pubErr
+}
+
+// needsReconcile tells whether the stream may hold a row of batch that the
+// duplicate window would no longer catch: on the first round with rows
+// pending (a crash may have come between an ack and its mark), and when a
+// row was first tried more than half a window ago.
+func (r *Relay) needsReconcile(batch []outboxRow) bool {
+	if r.lister == nil {
+		return false
+	}
+	if !r.reconciled {
+		return true
+	}
+	for _, o := range batch {
+		if t, ok := r.attempts[o.seq]; ok && time.Since(t) >= r.opts.DuplicateWindow/2 {
+			return true
+		}
+	}
+	return false
+}
+
+// reconcile reads the stream after the cursor, marks as published every
+// pending row whose event it holds, and moves the cursor to the stream's
+// end. It returns how many rows it marked.
+func (r *Relay) reconcile(ctx context.Context) (int, error) {
+	cursor, err := r.s.relayCursor(ctx)
+	if err != nil {
+		return 0, err
+	}
+	msgs, last, err := r.lister.PublishedAfter(ctx, cursor)
+	if err != nil {
+		return 0, fmt.Errorf("read event stream after seq %d: %w", cursor, err)
+	}
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.MsgID
+	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	n, err := r.s.markPublishedIDs(mctx, ids, last)
+	cancel()
+	if err != nil {
+		return 0, err
+	}
+	r.reconciled = true
+	// Every row still pending is now known not to be in the stream: its
+	// next attempt starts a fresh window.
+	clear(r.attempts)
+	if n > 0 {
+		r.log.Info("outbox rows found in the event stream, marked published instead of sent again",
+			"rows", n, "after_seq", cursor, "stream_last_seq", last, "scanned", len(msgs))
+	} else {
+		r.log.Debug("event stream read; no pending outbox row in it", "after_seq", cursor, "stream_last_seq", last, "scanned", len(msgs))
+	}
+	return n, nil
 }
 
 // progress wakes every Flush waiting for the relay to move.
@@ -217,7 +347,12 @@ func (s *Store) Pending(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-func (s *Store) markPublished(ctx context.Context, seqs []int64) error {
+const qSetCursor = `INSERT INTO relay_cursor (id, stream_seq) VALUES (1, ?)
+	ON CONFLICT (id) DO UPDATE SET stream_seq = excluded.stream_seq`
+
+// markPublished marks outbox rows by seq and, when streamSeq is not 0, moves
+// the relay cursor to it, in one transaction.
+func (s *Store) markPublished(ctx context.Context, seqs []int64, streamSeq uint64) error {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("mark published: %w", err)
@@ -233,10 +368,65 @@ func (s *Store) markPublished(ctx context.Context, seqs []int64) error {
 			return fmt.Errorf("mark published seq %d: %w", seq, err)
 		}
 	}
+	if streamSeq > 0 {
+		if _, err := tx.ExecContext(ctx, qSetCursor, int64(streamSeq)); err != nil {
+			return fmt.Errorf("mark published: cursor: %w", err)
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("mark published: %w", err)
 	}
 	return nil
+}
+
+// markPublishedIDs marks the pending outbox rows of the given event ids and
+// sets the relay cursor to streamSeq, in one transaction. It returns how
+// many rows it marked.
+func (s *Store) markPublishedIDs(ctx context.Context, eventIDs []string, streamSeq uint64) (int, error) {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("mark published: %w", err)
+	}
+	defer tx.Rollback()
+	st, err := tx.PrepareContext(ctx, "UPDATE outbox SET published_at = ? WHERE event_id = ? AND published_at IS NULL")
+	if err != nil {
+		return 0, fmt.Errorf("mark published: %w", err)
+	}
+	now := s.now().UnixMilli()
+	n := 0
+	for _, id := range eventIDs {
+		res, err := st.ExecContext(ctx, now, id)
+		if err != nil {
+			return 0, fmt.Errorf("mark published %s: %w", id, err)
+		}
+		k, err := res.RowsAffected()
+		if err != nil {
+			return 0, fmt.Errorf("mark published %s: %w", id, err)
+		}
+		n += int(k)
+	}
+	// Set, not raised: a stream deleted and created again starts over.
+	if _, err := tx.ExecContext(ctx, qSetCursor, int64(streamSeq)); err != nil {
+		return 0, fmt.Errorf("mark published: cursor: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("mark published: %w", err)
+	}
+	return n, nil
+}
+
+// relayCursor is the stream sequence up to which the event stream and the
+// outbox agree (0 before the first publish).
+func (s *Store) relayCursor(ctx context.Context) (uint64, error) {
+	var seq int64
+	err := s.r.QueryRowContext(ctx, "SELECT stream_seq FROM relay_cursor WHERE id = 1").Scan(&seq)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("relay cursor: %w", err)
+	}
+	return uint64(seq), nil
 }
 
 // PruneOutbox deletes outbox rows published before t and returns how many.

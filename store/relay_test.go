@@ -19,9 +19,12 @@ import (
 // event id as Nats-Msg-Id.
 type jsPublisher struct{ js jetstream.JetStream }
 
-func (p jsPublisher) Publish(ctx context.Context, subject string, data []byte, msgID string) error {
-	_, err := p.js.Publish(ctx, subject, data, jetstream.WithMsgID(msgID))
-	return err
+func (p jsPublisher) Publish(ctx context.Context, subject string, data []byte, msgID string) (uint64, error) {
+	ack, err := p.js.Publish(ctx, subject, data, jetstream.WithMsgID(msgID))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
 }
 
 // flakyPublisher fails its first failures calls, then delegates.
@@ -32,13 +35,13 @@ type flakyPublisher struct {
 	calls    int
 }
 
-func (p *flakyPublisher) Publish(ctx context.Context, subject string, data []byte, msgID string) error {
+func (p *flakyPublisher) Publish(ctx context.Context, subject string, data []byte, msgID string) (uint64, error) {
 	p.mu.Lock()
 	p.calls++
 	fail := p.calls <= p.failures
 	p.mu.Unlock()
 	if fail {
-		return errors.New("publisher down")
+		return 0, errors.New("publisher down")
 	}
 	return p.next.Publish(ctx, subject, data, msgID)
 }

@@ -215,6 +215,12 @@ func migrations() ([]migration, error) {
 	return ms, nil
 }
 
+// migrationHooks holds the Go part of a migration, run in its transaction
+// right after its SQL: what SQL alone cannot do (SQLite has no sha256).
+var migrationHooks = map[int]func(context.Context, *sql.Tx) error{
+	3: backfillInputs,
+}
+
 // migrate applies, each in its own transaction, the migrations whose version
 // is not in schema_version yet. Running it again is a no-op.
 func (s *Store) migrate(ctx context.Context) error {
@@ -244,6 +250,12 @@ func (s *Store) migrate(ctx context.Context) error {
 		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
 			tx.Rollback()
 			return fmt.Errorf("migrate %s: %s: %w", s.path, m.name, err)
+		}
+		if hook := migrationHooks[m.version]; hook != nil {
+			if err := hook(ctx, tx); err != nil {
+				tx.Rollback()
+				return fmt.Errorf("migrate %s: %s: %w", s.path, m.name, err)
+			}
 		}
 		if _, err := tx.ExecContext(ctx, "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)",
 			m.version, m.name, s.now().UnixMilli()); err != nil {

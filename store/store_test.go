@@ -271,7 +271,8 @@ func TestBatchDuplicateSkipsOnlyThatEntry(t *testing.T) {
 	sameInBatch.Changes = &schema.Changes{Insert: []schema.Insertion{{Message: msg("d", "yyy", 9, schema.RoleUser, "dup")}}}
 
 	res := commit(t, s, second, again, third, sameInBatch)
-	want := []Result{{second.Input.ID, false}, {first.Input.ID, true}, {third.Input.ID, false}, {third.Input.ID, true}}
+	want := []Result{{InputID: second.Input.ID}, {InputID: first.Input.ID, Duplicate: true},
+		{InputID: third.Input.ID}, {InputID: third.Input.ID, Duplicate: true}}
 	if !reflect.DeepEqual(res, want) {
 		t.Fatalf("results = %+v, want %+v", res, want)
 	}

@@ -1,0 +1,242 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/google/uuid"
+)
+
+// storedInput reads an inputs row as stored.
+func storedInput(t *testing.T, s *Store, id string) (payload, hash []byte, size int, valid bool) {
+	t.Helper()
+	var p []byte
+	err := s.r.QueryRowContext(context.Background(), "SELECT payload, payload_hash, payload_size FROM inputs WHERE id = ?", id).
+		Scan(&p, &hash, &size)
+	if err != nil {
+		t.Fatalf("read input %s: %v", id, err)
+	}
+	return p, hash, size, p != nil
+}
+
+func rejectedEntry(conv string, payload []byte) Entry {
+	in := input(conv, schema.KindTurn)
+	in.Payload, in.Status, in.Reason = payload, StatusRejected, string(schema.ReasonTooLarge)
+	return Entry{Input: in}
+}
+
+// Item 7: a rejected input keeps a bounded prefix of its payload; an applied
+// one keeps all of it. Both keep the whole payload's hash and size.
+func TestPayloadStoredBoundedWhenRejected(t *testing.T) {
+	big := bytes.Repeat([]byte("x"), 8<<20)
+	tests := []struct {
+		name    string
+		status  Status
+		payload []byte
+		keep    int
+	}{
+		{"rejected 8 MiB keeps the prefix", StatusRejected, big, RejectedPayloadPrefix},
+		{"rejected one byte over the prefix", StatusRejected, big[:RejectedPayloadPrefix+1], RejectedPayloadPrefix},
+		{"rejected small keeps all", StatusRejected, []byte(`{"role":"system"}`), 17},
+		{"applied 1 MiB keeps all", StatusApplied, big[:1<<20], 1 << 20},
+	}
+	s := openStore(t)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := turnEntry("c")
+			e.Input.Payload, e.Input.Status = tc.payload, tc.status
+			if tc.status == StatusRejected {
+				e.Changes, e.Input.Reason = nil, string(schema.ReasonTooLarge)
+			}
+			commit(t, s, e)
+			p, hash, size, _ := storedInput(t, s, e.Input.ID)
+			if len(p) != tc.keep || !bytes.Equal(p, tc.payload[:tc.keep]) {
+				t.Errorf("stored %d payload bytes, want the first %d", len(p), tc.keep)
+			}
+			if want := PayloadHash(tc.payload); !bytes.Equal(hash, want[:]) {
+				t.Errorf("payload_hash = %x, want %x", hash, want)
+			}
+			if size != len(tc.payload) {
+				t.Errorf("payload_size = %d, want %d", size, len(tc.payload))
+			}
+		})
+	}
+}
+
+// Item 8: Commit tells an identical redelivery from a reused id.
+func TestCommitReportsReusedID(t *testing.T) {
+	s := openStore(t)
+	first := turnEntry("c", msg("c", "m1", 1, schema.RoleUser, "one"))
+	commit(t, s, first)
+	rejected := rejectedEntry("c", []byte("not json"))
+	commit(t, s, rejected)
+
+	with := func(e Entry, conv string, payload []byte) Entry {
+		e.Input.ConversationID, e.Input.Payload = conv, payload
+		e.Changes = &schema.Changes{Insert: []schema.Insertion{{Message: msg(conv, uuid.NewString(), 9, schema.RoleUser, "dup")}}}
+		return e
+	}
+	tests := []struct {
+		name     string
+		entry    Entry
+		conflict bool
+	}{
+		{"identical redelivery", with(first, "c", first.Input.Payload), false},
+		{"identical rejected redelivery", rejected, false},
+		{"same id, other payload", with(first, "c", []byte(`{"other":1}`)), true},
+		{"same id, other conversation", with(first, "d", first.Input.Payload), true},
+		{"rejected id reused", with(rejected, "c", []byte(`{"fixed":true}`)), true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res := commit(t, s, tc.entry)
+			want := Result{InputID: tc.entry.Input.ID, Duplicate: true, Conflict: tc.conflict}
+			if res[0] != want {
+				t.Fatalf("result = %+v, want %+v", res[0], want)
+			}
+		})
+	}
+	// Inside one batch too: the second entry meets the first one's row.
+	a := turnEntry("e", msg("e", "e1", 1, schema.RoleUser, "a"))
+	b := with(a, "e", []byte(`{"b":2}`))
+	res := commit(t, s, a, b)
+	if res[0].Duplicate || !res[1].Duplicate || !res[1].Conflict {
+		t.Fatalf("batch results = %+v, want the second a conflict", res)
+	}
+	if got := ids(messagesOf(t, s, "c")); len(got) != 1 || len(messagesOf(t, s, "d")) != 0 {
+		t.Fatalf("a duplicate's changes applied: c = %v", got)
+	}
+}
+
+func TestSeenInputs(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var batch []Entry
+	var all []string
+	for i := range 600 { // more than one query's worth of parameters
+		conv := fmt.Sprintf("c%d", i%3)
+		e := turnEntry(conv)
+		if i%5 == 0 {
+			e = rejectedEntry(conv, bytes.Repeat([]byte{byte(i)}, 5000+i))
+		}
+		batch = append(batch, e)
+		all = append(all, e.Input.ID)
+	}
+	commit(t, s, batch...)
+	unknown := uuid.NewString()
+	got, err := s.SeenInputs(ctx, append(all, unknown))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(batch) {
+		t.Fatalf("SeenInputs found %d, want %d", len(got), len(batch))
+	}
+	for _, e := range batch {
+		want := SeenInput{ConversationID: e.Input.ConversationID, PayloadHash: PayloadHash(e.Input.Payload), Status: e.Input.Status}
+		if got[e.Input.ID] != want {
+			t.Fatalf("SeenInputs[%s] = %+v, want %+v", e.Input.ID, got[e.Input.ID], want)
+		}
+	}
+	if _, ok := got[unknown]; ok {
+		t.Fatal("an unknown id was reported seen")
+	}
+	if got, err := s.SeenInputs(ctx, nil); err != nil || len(got) != 0 {
+		t.Fatalf("SeenInputs(nil) = %v, %v", got, err)
+	}
+}
+
+// Item 8: wait_for must not be told another conversation's input landed.
+func TestInputStatusInIsScopedToTheConversation(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	applied := turnEntry("a")
+	rejected := rejectedEntry("a", []byte("x"))
+	commit(t, s, applied, rejected)
+	tests := []struct {
+		name, conv, id string
+		found          bool
+		status         Status
+	}{
+		{"applied, same conversation", "a", applied.Input.ID, true, StatusApplied},
+		{"rejected, same conversation", "a", rejected.Input.ID, true, StatusRejected},
+		{"applied, other conversation", "b", applied.Input.ID, false, ""},
+		{"unknown id", "a", uuid.NewString(), false, ""},
+	}
+	for _, tc := range tests {
+		status, reason, found, err := s.InputStatusIn(ctx, tc.conv, tc.id)
+		if err != nil || found != tc.found || status != tc.status {
+			t.Errorf("%s: InputStatusIn = %q %q %v %v; want %q found=%v", tc.name, status, reason, found, err, tc.status, tc.found)
+		}
+	}
+}
+
+// A database written before migration 3 gets its hashes, sizes and bounded
+// rejected payloads when it is opened.
+func TestMigrationBackfillsHashesAndCutsRejectedPayloads(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "old.db")
+	db, err := sql.Open("sqlite3", dsn(path, "_journal_mode=WAL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms[:2] {
+		if _, err := db.Exec(m.sql); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(`INSERT INTO schema_version VALUES (?, ?, 0)`, m.version, m.name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := bytes.Repeat([]byte("y"), 8<<20)
+	rows := []struct {
+		id      string
+		status  Status
+		payload []byte
+		keep    int
+	}{
+		{"too-large", StatusRejected, big, RejectedPayloadPrefix},
+		{"applied", StatusApplied, big[:300000], 300000},
+		{"small-rejection", StatusRejected, []byte("{"), 1},
+	}
+	for i := range 300 { // more than one backfill page
+		rows = append(rows, struct {
+			id      string
+			status  Status
+			payload []byte
+			keep    int
+		}{fmt.Sprintf("r%d", i), StatusApplied, []byte(fmt.Sprint(i)), len(fmt.Sprint(i))})
+	}
+	for _, r := range rows {
+		if _, err := db.Exec(`INSERT INTO inputs (id, conversation_id, kind, subject, ts, payload, status, reason, received_at)
+			VALUES (?, 'c', 'turn', 'ctx.in.c.turn', 1, ?, ?, '', 1)`, r.id, r.payload, string(r.status)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, r := range rows {
+		p, hash, size, _ := storedInput(t, s, r.id)
+		want := PayloadHash(r.payload)
+		if len(p) != r.keep || !bytes.Equal(hash, want[:]) || size != len(r.payload) {
+			t.Fatalf("%s: %d bytes kept (want %d), hash %x (want %x), size %d (want %d)",
+				r.id, len(p), r.keep, hash, want, size, len(r.payload))
+		}
+	}
+}
