@@ -178,7 +178,7 @@ func PathsInText(s string) []string {
 		if strings.Contains(w, "//") && strings.Contains(w, ":") {
 			continue // a URL
 		}
-		w = strings.Trim(w, ".:")
+		w = strings.TrimLeft(strings.TrimRight(w, ".:"), ":") // a leading dot is part of ./x and .env
 		w = lineRef.ReplaceAllString(w, "")
 		w = strings.TrimRight(w, ".:")
 		w = strings.TrimPrefix(w, "./")
