@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -30,9 +31,14 @@ func TestEnsureStreams(t *testing.T) {
 	if err := EnsureStreams(ctx, js); err != nil {
 		t.Fatal(err)
 	}
-	// A second call with another limit updates in place.
-	if err := EnsureStreams(ctx, js, WithMaxAge(48*time.Hour)); err != nil {
-		t.Fatalf("update: %v", err)
+	// A second call asking another limit keeps the existing one, which may
+	// be an operator's, and reports the difference.
+	findings, err := ReconcileStreams(ctx, js, WithMaxAge(48*time.Hour))
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	if len(findings) != 2 || findings[0].Field != "max_age" || findings[0].Changed || findings[0].Level() != slog.LevelWarn {
+		t.Fatalf("findings = %v, want max_age kept on both streams, as warnings", findings)
 	}
 	tests := []struct {
 		name    string
@@ -52,7 +58,7 @@ func TestEnsureStreams(t *testing.T) {
 		}
 		if cfg.Storage != jetstream.FileStorage || cfg.Duplicates != 2*time.Minute ||
 			cfg.Retention != jetstream.LimitsPolicy || cfg.Discard != jetstream.DiscardOld ||
-			cfg.MaxMsgSize != MaxMsgSize || cfg.Replicas != 1 || cfg.MaxAge != 48*time.Hour {
+			cfg.MaxMsgSize != MaxMsgSize || cfg.Replicas != 1 || cfg.MaxAge != 0 {
 			t.Errorf("%s config = %+v", tt.name, cfg)
 		}
 	}
