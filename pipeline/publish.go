@@ -155,8 +155,12 @@ func (p JetStreamPublisher) PublishedAfter(ctx context.Context, seq uint64) ([]s
 // context_managing). It is never published to ctx.events.>: CTX_EVENTS
 // holds only what SQLite committed, and the outbox relay publishes the same
 // event there once the batch commits, so ctx.events subscribers see it once.
-// A failed progress publish is only logged. js is used for its connection.
+// A failed progress publish is only logged (log may be nil). js is used for
+// its connection.
 func ProgressPublisher(js jetstream.JetStream, log *slog.Logger) func(context.Context, schema.Event) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	nc := js.Conn()
 	return func(ctx context.Context, ev schema.Event) {
 		h := ev.Header()
