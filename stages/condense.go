@@ -88,7 +88,9 @@ func planKeepTail(msgs []schema.Message, id string) (*CondensePlan, error) {
 	}
 	toolUses, reasoning := toolBlocksToPreserve(msgs, keepStart)
 	plan := &CondensePlan{Strategy: schema.StrategyKeepTail}
-	plan.Request.Messages = visibleOf(since, msgs)
+	// The span may end with calls whose results are kept: the summarizer
+	// sees those results too, and a synthetic one for a call still pending.
+	plan.Request.Messages = withDeferredToolResults(withTailResults(visibleOf(since, msgs), msgs[keepStart:]))
 	plan.finish = func(text string, count func(schema.Content) int) Condensed {
 		content := []schema.Block{{Type: schema.BlockReasoning, Text: prompts.SyntheticReasoning}}
 		content = append(content, reasoning...)
@@ -130,74 +132,170 @@ func sinceLastSummary(head, all []schema.Message) []schema.Message {
 	return since
 }
 
-// toolBlocksToPreserve is Roo's getKeepMessagesWithToolBlocks: when the first
-// kept message answers tool calls, the tool_use (and reasoning) blocks of the
-// message before it go into the summary, so no tool_result loses its call.
+// toolBlocksToPreserve is Roo's getKeepMessagesWithToolBlocks, made to hold
+// for agents that answer parallel calls with one result turn each: every
+// call that the condense hides and that a kept message answers, or whose
+// result is still to come, goes into the summary (with the reasoning blocks
+// of the turn that made it), however far before the cut it was made. No
+// tool_result in the kept tail, or arriving later, then loses its call.
 func toolBlocksToPreserve(msgs []schema.Message, keepStart int) (toolUses, reasoning []schema.Block) {
-	if keepStart <= 0 || keepStart >= len(msgs) || !msgs[keepStart].Content.HasBlock(schema.BlockToolResult) {
+	if keepStart <= 0 || keepStart >= len(msgs) {
 		return nil, nil
 	}
-	for _, b := range msgs[keepStart-1].Content.Blocks {
-		switch b.Type {
-		case schema.BlockToolUse:
-			toolUses = append(toolUses, b)
-		case schema.BlockReasoning:
-			reasoning = append(reasoning, b)
+	want := openToolUses(msgs)
+	if want == nil {
+		want = map[string]bool{}
+	}
+	for i := keepStart; i < len(msgs); i++ {
+		for _, b := range msgs[i].Content.Blocks {
+			if b.Type == schema.BlockToolResult {
+				want[b.ToolUseID] = true
+			}
 		}
 	}
-	if len(toolUses) == 0 {
-		return nil, nil
+	for i := keepStart; i < len(msgs); i++ { // a call in the tail stays visible
+		for _, b := range msgs[i].Content.Blocks {
+			if b.Type == schema.BlockToolUse {
+				delete(want, b.ID)
+			}
+		}
+	}
+	// The first message stays visible unless something hid it already; a
+	// call there needs no copy (a copy would repeat its id).
+	stop := 1
+	if summaries, markers := liveIDs(msgs); hidden(&msgs[0], summaries, markers) {
+		stop = 0
+	}
+	// Search back from the cut; a reused id is answered by its latest call.
+	type carry struct{ uses, reasoning []schema.Block }
+	var found []carry // newest turn first
+	for i := keepStart - 1; i >= stop && len(want) > 0; i-- {
+		var c carry
+		for _, b := range msgs[i].Content.Blocks {
+			if b.Type == schema.BlockToolUse && want[b.ID] {
+				c.uses = append(c.uses, b)
+				delete(want, b.ID)
+			}
+		}
+		if len(c.uses) == 0 {
+			continue
+		}
+		for _, b := range msgs[i].Content.Blocks {
+			if b.Type == schema.BlockReasoning {
+				c.reasoning = append(c.reasoning, b)
+			}
+		}
+		found = append(found, c)
+	}
+	for k := len(found) - 1; k >= 0; k-- {
+		toolUses = append(toolUses, found[k].uses...)
+		reasoning = append(reasoning, found[k].reasoning...)
 	}
 	return toolUses, reasoning
 }
 
 // planFreshStart is Roo ≥ 3.43: everything so far is tagged and a user
-// summary is appended; the model then starts fresh from the summary.
+// summary is appended; the model then starts fresh from the summary. Two
+// departures keep it safe: at least two messages must follow the last
+// summary (Roo's guard against condense loops), and a last assistant turn
+// whose calls still wait for results stays visible after the summary, so the
+// results the agent sends next keep their calls.
 func planFreshStart(msgs []schema.Message, id string) (*CondensePlan, error) {
-	if len(msgs) <= 1 {
-		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "%d messages; need at least 2", len(msgs))
+	keepFrom := pendingTurn(msgs)
+	keep := idSet(msgs[keepFrom:])
+	var span []schema.Message
+	last, agent := -1, 0 // the last summary in span; agent messages after it
+	for _, m := range EffectiveHistory(msgs) {
+		if keep[m.ID] {
+			continue
+		}
+		span = append(span, m)
+		switch {
+		case m.IsSummary:
+			last, agent = len(span)-1, 0
+		case !m.Synthetic():
+			agent++
+		}
 	}
-	if msgs[len(msgs)-1].IsSummary {
+	switch {
+	case last >= 0 && agent == 0:
 		return nil, schema.Errorf(schema.ReasonCondensedRecently, "nothing was said since the last summary")
+	case last >= 0 && agent < 2:
+		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "%d message since the last summary; need at least 2", agent)
+	case agent < 2:
+		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "%d messages to summarize; need at least 2", agent)
 	}
 	plan := &CondensePlan{Strategy: schema.StrategyFreshStart}
-	plan.Request.Messages = toolBlocksAsText(withDeferredToolResults(EffectiveHistory(msgs)))
+	plan.Request.Messages = toolBlocksAsText(withDeferredToolResults(span))
 	commands := commandBlocks(msgs[0])
 	plan.finish = func(text string, count func(schema.Content) int) Condensed {
-		blocks := []schema.Block{{Type: schema.BlockText, Text: text}}
-		if commands != "" {
-			blocks = append(blocks, schema.Block{Type: schema.BlockText, Text: "<system-reminder>\n" + commands + "\n</system-reminder>"})
-		}
 		ed := newEditor(msgs)
 		n := 0
-		for i := range ed.msgs {
+		for i := 0; i < keepFrom; i++ {
 			if ed.msgs[i].CondenseParent == "" {
 				ed.tagAt(i, schema.TagCondenseParent, id)
 				n++
 			}
 		}
-		last := &msgs[len(msgs)-1]
-		sum := summaryMessage(id, last, schema.RoleUser, last.TS+1, schema.BlockContent(blocks...), count)
-		ed.insertAt(len(ed.msgs), sum)
+		ref, ts := &msgs[len(msgs)-1], msgs[len(msgs)-1].TS+1
+		if keepFrom < len(msgs) {
+			ref, ts = &msgs[keepFrom], msgs[keepFrom].TS-1
+		}
+		sum := summaryMessage(id, ref, schema.RoleUser, ts, summaryContent(text, commands), count)
+		ed.insertAt(keepFrom, sum)
 		return Condensed{Changes: ed.changes(), History: ed.msgs, Summary: sum, MessagesCondensed: n}
 	}
 	return plan, nil
 }
 
+// pendingTurn is the index of the last assistant turn when some of its calls
+// still wait for results and it is visible; len(msgs) otherwise. A condense
+// keeps it, and the result turns after it, in the effective history.
+func pendingTurn(msgs []schema.Message) int {
+	if len(openToolUses(msgs)) == 0 {
+		return len(msgs)
+	}
+	summaries, markers := liveIDs(msgs)
+	for i := len(msgs) - 1; i >= 0; i-- {
+		m := &msgs[i]
+		if m.Role != schema.RoleAssistant || m.Synthetic() {
+			continue
+		}
+		if hidden(m, summaries, markers) {
+			return len(msgs)
+		}
+		return i
+	}
+	return len(msgs)
+}
+
+// summaryContent is a user summary's content: the summarizer's text, then
+// the first message's <command> blocks, which must survive every condense.
+func summaryContent(text, commands string) schema.Content {
+	blocks := []schema.Block{{Type: schema.BlockText, Text: text}}
+	if commands != "" {
+		blocks = append(blocks, schema.Block{Type: schema.BlockText, Text: "<system-reminder>\n" + commands + "\n</system-reminder>"})
+	}
+	return schema.BlockContent(blocks...)
+}
+
 // planPreserveFraction is Gemini CLI's compression: summarize the oldest 70 %
-// of the effective history's characters, split at a user turn that carries
-// no tool result, and put a user summary before what is kept.
+// of the effective history's characters, split at a SplitPoint boundary, and
+// put a user summary before what is kept. The summary carries the first
+// message's <command> blocks, as fresh_start's does, since the first message
+// is among the summarized.
 func planPreserveFraction(msgs []schema.Message, id string) (*CondensePlan, error) {
 	eff := EffectiveHistory(msgs)
 	split := SplitPoint(eff, 1-PreserveFraction)
 	if split == 0 {
-		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "no user turn to split at")
+		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "no boundary to split at")
 	}
 	if split == 1 && eff[0].IsSummary {
 		return nil, schema.Errorf(schema.ReasonCondensedRecently, "only the last summary would be summarized")
 	}
 	plan := &CondensePlan{Strategy: schema.StrategyPreserveFraction}
 	plan.Request.Messages = eff[:split]
+	commands := commandBlocks(msgs[0])
 	plan.finish = func(text string, count func(schema.Content) int) Condensed {
 		ed := newEditor(msgs)
 		at, n := len(ed.msgs), 0
@@ -215,18 +313,23 @@ func planPreserveFraction(msgs []schema.Message, id string) (*CondensePlan, erro
 		if at < len(ed.msgs) {
 			ref, ts = &ed.msgs[at], ed.msgs[at].TS-1
 		}
-		sum := summaryMessage(id, ref, schema.RoleUser, ts, schema.BlockContent(schema.Block{Type: schema.BlockText, Text: text}), count)
+		sum := summaryMessage(id, ref, schema.RoleUser, ts, summaryContent(text, commands), count)
 		ed.insertAt(at, sum)
 		return Condensed{Changes: ed.changes(), History: ed.msgs, Summary: sum, MessagesCondensed: n}
 	}
 	return plan, nil
 }
 
-// SplitPoint is Gemini's findCompressSplitPoint: the index of the first user
-// message without tool results at which the characters before it reach
-// fraction of the total. If none does, everything is compressed when the last
-// message is an assistant message without tool calls; otherwise the last
-// valid split point is used (0: nothing can be compressed).
+// SplitPoint is Gemini's findCompressSplitPoint, extended to tool-calling
+// agents: the index of the first boundary at which the characters before it
+// reach fraction of the total. A boundary is a user message without tool
+// results (Gemini's rule) or an assistant message right after a complete
+// call/result exchange: in an agent run every user turn after the first
+// holds only tool results, so Gemini's rule alone finds nothing to split at.
+// No boundary falls between a call and its results. If none reaches the
+// fraction, everything is compressed when the last message is an assistant
+// message without tool calls; otherwise the last boundary is used (0:
+// nothing can be compressed).
 func SplitPoint(msgs []schema.Message, fraction float64) int {
 	chars := make([]int, len(msgs))
 	total := 0
@@ -237,13 +340,23 @@ func SplitPoint(msgs []schema.Message, fraction float64) int {
 	}
 	target := float64(total) * fraction
 	last, cum := 0, 0
+	var open []string // calls of the latest assistant turn still unanswered
 	for i := range msgs {
-		if msgs[i].Role == schema.RoleUser && !msgs[i].Content.HasBlock(schema.BlockToolResult) {
+		m := &msgs[i]
+		boundary := false
+		switch m.Role {
+		case schema.RoleUser:
+			boundary = !m.Content.HasBlock(schema.BlockToolResult)
+		case schema.RoleAssistant:
+			boundary = i > 0 && len(open) == 0 && msgs[i-1].Content.HasBlock(schema.BlockToolResult)
+		}
+		if boundary {
 			if float64(cum) >= target {
 				return i
 			}
 			last = i
 		}
+		open = nextToolUseIDs(open, m)
 		cum += chars[i]
 	}
 	if n := len(msgs); n > 0 && msgs[n-1].Role == schema.RoleAssistant && !msgs[n-1].Content.HasBlock(schema.BlockToolUse) {
@@ -351,6 +464,37 @@ func withDeferredToolResults(msgs []schema.Message) []schema.Message {
 	return append(out, schema.Message{Turn: schema.Turn{Role: schema.RoleUser, Content: schema.BlockContent(pending...)}})
 }
 
+// withTailResults appends, after a summarized span, the results that the
+// kept tail holds for the span's calls, so the summarizer sees what each
+// call it reads returned. Only the result turns right after the cut count:
+// the tail's first assistant turn starts exchanges of its own.
+func withTailResults(span, tail []schema.Message) []schema.Message {
+	calls := map[string]bool{}
+	for i := range span {
+		for _, b := range span[i].Content.Blocks {
+			switch b.Type {
+			case schema.BlockToolUse:
+				calls[b.ID] = true
+			case schema.BlockToolResult:
+				delete(calls, b.ToolUseID)
+			}
+		}
+	}
+	var results []schema.Block
+	for i := 0; i < len(tail) && len(calls) > 0 && tail[i].Role != schema.RoleAssistant; i++ {
+		for _, b := range tail[i].Content.Blocks {
+			if b.Type == schema.BlockToolResult && calls[b.ToolUseID] {
+				results = append(results, b)
+				delete(calls, b.ToolUseID)
+			}
+		}
+	}
+	if len(results) == 0 {
+		return span
+	}
+	return append(span[:len(span):len(span)], schema.Message{Turn: schema.Turn{Role: schema.RoleUser, Content: schema.BlockContent(results...)}})
+}
+
 // toolBlocksAsText turns tool calls and results into text blocks, so the
 // summarizer request needs no tool definitions (providers reject tool blocks
 // without them).
@@ -366,17 +510,21 @@ func toolBlocksAsText(msgs []schema.Message) []schema.Message {
 	})
 }
 
-var commandPattern = regexp.MustCompile(`(?s)<command>.*?</command>`)
+// commandPattern matches a <command> element, bare or with attributes
+// (<command name="deploy">), across lines. The name must end at the tag
+// name's end, so <commands> or <commander> do not match.
+var commandPattern = regexp.MustCompile(`(?s)<command(?:\s[^>]*)?>.*?</command>`)
 
 // commandBlocks returns the <command> blocks of a message's text, which a
-// fresh_start summary carries so that slash-command instructions survive
-// every condense.
+// summary carries so that slash-command instructions survive every condense.
+// The text blocks are joined first: an agent may split one element across
+// two blocks.
 func commandBlocks(m schema.Message) string {
-	var found []string
+	var text []string
 	for _, b := range m.Content.BlocksOf() {
 		if b.Type == schema.BlockText {
-			found = append(found, commandPattern.FindAllString(b.Text, -1)...)
+			text = append(text, b.Text)
 		}
 	}
-	return strings.Join(found, "\n")
+	return strings.Join(commandPattern.FindAllString(strings.Join(text, "\n"), -1), "\n")
 }

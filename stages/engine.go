@@ -71,6 +71,12 @@ func (e *Engine) Apply(ctx context.Context, st schema.ConversationState, h Histo
 		return nil, fmt.Errorf("token counter for profile %q: %w", p.ID, err)
 	}
 	st.ConversationID, st.ProfileID = in.ConversationID, p.ID
+	if in.Kind != schema.KindTurn && st.Messages == 0 {
+		// A control input must not bring a conversation into being: its
+		// state (a blocked condense, say) would then weigh on a real
+		// conversation that later uses the id.
+		return nil, schema.Errorf(schema.ReasonUnknownConversation, "%s for conversation %q, which has no stored turn", in.Kind, in.ConversationID)
+	}
 	r := &run{e: e, ctx: ctx, in: in, p: p, ctr: ctr, st: st, h: h}
 	switch in.Kind {
 	case schema.KindTurn:
@@ -133,6 +139,13 @@ func (r *run) turn() error {
 	r.st.LastTS = max(r.st.LastTS, t.TS)
 	r.ch.Insert = append(r.ch.Insert, schema.Insertion{Message: msg})
 	r.pending = &r.ch.Insert[len(r.ch.Insert)-1].Message
+	if awaitingResults(r.st.LastToolUseIDs, t) {
+		// The agent calls its model only once every result is in, and
+		// context is managed before that call (as Roo does). Reducing now
+		// would summarize half an exchange, and the results would grow the
+		// context again right after: wait for them.
+		return nil
+	}
 	return r.manage(Decide(r.st.ContextTokens, r.p, r.e.Globals, schema.TriggerAuto, r.st.CondenseBlocked, r.e.Log))
 }
 
@@ -201,6 +214,12 @@ func (r *run) condense(d Decision) (bool, error) {
 		r.log().Info("condense failed", "reason", reason, "detail", msg, "trigger", d.Trigger)
 		return false, nil
 	}
+	// The real context before, on the same footing as the recount after:
+	// an overflow raises d.Prev to the window, and a provider's usage counts
+	// what the local count does not (tool definitions) or less than it (the
+	// fudge factor), so either would let a summary that grows the context
+	// pass.
+	before := ContextTokens(r.st.SystemTokens, EffectiveHistory(r.hist))
 	plan, err := PlanCondense(r.hist, r.p, r.in.ID)
 	if err != nil {
 		var se *schema.Error
@@ -221,7 +240,7 @@ func (r *run) condense(d Decision) (bool, error) {
 	}
 	c := plan.Finish(sum.Text, r.ctr.Content)
 	next := ContextTokens(r.st.SystemTokens, EffectiveHistory(c.History))
-	if err := VerifyShrink(d.Prev, next); err != nil {
+	if err := VerifyShrink(before, next); err != nil {
 		return fail(schema.ReasonContextGrew, err.Error(), sum.Cost)
 	}
 	r.merge(c.Changes, c.History)
@@ -245,7 +264,8 @@ func (r *run) condense(d Decision) (bool, error) {
 }
 
 // VerifyShrink rejects a condense whose new context is not smaller than the
-// old one (Roo's "context grew" check; Gemini's inflated-token check).
+// old one (Roo's "context grew" check; Gemini's inflated-token check). Both
+// are real counts of the same kind: never a count raised by an overflow.
 func VerifyShrink(prev, next int) error {
 	if next >= prev {
 		return fmt.Errorf("context would grow or stay the same: %d tokens before, %d after", prev, next)
@@ -301,9 +321,14 @@ func (r *run) rewind() error {
 		}
 	}
 	r.st.CondenseBlocked = false
+	// The calls a result may answer come from the agent's turns as stored,
+	// as they were when each turn was appended: a condense that hides the
+	// last assistant turn does not close its calls.
 	r.st.LastToolUseIDs = nil
-	for i := range eff {
-		r.st.LastToolUseIDs = nextToolUseIDs(r.st.LastToolUseIDs, &eff[i])
+	for i := range rw.History {
+		if !rw.History[i].Synthetic() {
+			r.st.LastToolUseIDs = nextToolUseIDs(r.st.LastToolUseIDs, &rw.History[i])
+		}
 	}
 	r.st.LastTS = 0
 	for i := range rw.History {
@@ -373,6 +398,19 @@ func foldTags(ins []schema.Insertion, tags []schema.TagChange) []schema.TagChang
 		}
 	}
 	return out
+}
+
+// awaitingResults reports whether turn t leaves an exchange half done: open
+// are the calls still unanswered after t, and t is the assistant turn that
+// made them or a user turn that answered only some (OpenAI-style agents send
+// one result turn per call). A user turn that answers none ends the wait:
+// the agent moved on, so one exchange defers a reduction by at most as many
+// turns as it has calls.
+func awaitingResults(open []string, t *schema.Turn) bool {
+	if len(open) == 0 {
+		return false
+	}
+	return t.Role == schema.RoleAssistant || t.Content.HasBlock(schema.BlockToolResult)
 }
 
 // nextToolUseIDs tracks the tool calls a following tool_result may answer:

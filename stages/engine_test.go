@@ -338,3 +338,54 @@ func ExampleConversation() {
 	// turn 8: condensed 5 messages, 1638 → 737 tokens
 	// 13 stored, 8 sent to the model
 }
+
+func TestEngineControlOnUnknownConversation(t *testing.T) {
+	for _, k := range []schema.InputKind{schema.KindCondense, schema.KindOverflow, schema.KindRewind} {
+		t.Run(string(k), func(t *testing.T) {
+			sum := &fixedSummarizer{text: "s"}
+			c := newConv(sum, smallProfile())
+			before := c.State
+			in := schema.Input{Kind: k, ID: msgID(1), ConversationID: testConv, TS: 1000}
+			if k == schema.KindCondense {
+				in.Trigger = schema.TriggerManual
+			}
+			evs, err := c.Apply(context.Background(), in)
+			var se *schema.Error
+			if !errors.As(err, &se) || se.Reason != schema.ReasonUnknownConversation {
+				t.Fatalf("%s on a conversation with no turn: %v", k, err)
+			}
+			if len(evs) != 0 || len(c.Events) != 0 || len(c.Messages) != 0 || !reflect.DeepEqual(c.State, before) || len(sum.requests) != 0 {
+				t.Fatalf("something changed: events %v, %d messages, state %+v", types(evs), len(c.Messages), c.State)
+			}
+			// Engine.Apply itself answers with the error and no changes.
+			ch, err := c.Engine.Apply(context.Background(), schema.ConversationState{}, memHistory{c}, &c.Profile, in)
+			if ch != nil || schema.ReasonOf(err) != schema.ReasonUnknownConversation {
+				t.Fatalf("Engine.Apply: %v %v", ch, err)
+			}
+		})
+	}
+}
+
+func TestEngineOverflowVerifiesRealShrink(t *testing.T) {
+	// 300 real tokens; the overflow raises the decision's count to the
+	// window (1000), but a summary that leaves 600 tokens grew the context.
+	sum := &fixedSummarizer{text: strings.Repeat("grow", 400)}
+	c := newConv(sum, smallProfile())
+	ctx := context.Background()
+	for i := 0; i < 6; i++ {
+		_, err := c.Append(ctx, turnOf(i, 50))
+		mustNoErr(t, err)
+	}
+	evs, err := c.Apply(ctx, schema.Input{Kind: schema.KindOverflow, ID: msgID(60), ConversationID: testConv, TS: 2000})
+	mustNoErr(t, err)
+	if len(evs) < 2 {
+		t.Fatalf("events %v", types(evs))
+	}
+	f, ok := evs[1].(*schema.CondenseFailed)
+	if !ok || f.Error != schema.ReasonContextGrew {
+		t.Fatalf("a summary that grows the real context was accepted: %v", types(evs))
+	}
+	if c.State.Condensations != 0 || c.State.ContextTokens > 300 {
+		t.Fatalf("state %+v", c.State)
+	}
+}

@@ -93,13 +93,9 @@ func FuzzEngine(f *testing.F) {
 				order = append(order, turn.ID)
 			case 4:
 				ts++
-				if _, err := c.Apply(ctx, schema.Input{Kind: schema.KindCondense, ID: msgID(100000 + i), ConversationID: testConv, TS: lastTS(c), Trigger: schema.TriggerManual}); err != nil {
-					t.Fatalf("condense: %v", err)
-				}
+				control(t, c, schema.Input{Kind: schema.KindCondense, ID: msgID(100000 + i), ConversationID: testConv, TS: lastTS(c), Trigger: schema.TriggerManual})
 			case 5:
-				if _, err := c.Apply(ctx, schema.Input{Kind: schema.KindOverflow, ID: msgID(200000 + i), ConversationID: testConv, TS: lastTS(c), Trigger: schema.TriggerForced}); err != nil {
-					t.Fatalf("overflow: %v", err)
-				}
+				control(t, c, schema.Input{Kind: schema.KindOverflow, ID: msgID(200000 + i), ConversationID: testConv, TS: lastTS(c), Trigger: schema.TriggerForced})
 			case 6:
 				if len(order) == 0 {
 					continue
@@ -147,6 +143,21 @@ func FuzzEngine(f *testing.F) {
 			t.Fatal("effective history not restored")
 		}
 	})
+}
+
+// control applies a condense or overflow: accepted on a conversation with
+// stored turns, rejected with unknown_conversation (and nothing changed) on
+// one without.
+func control(t *testing.T, c *Conversation, in schema.Input) {
+	t.Helper()
+	empty, before := len(c.Messages) == 0, c.State
+	_, err := c.Apply(context.Background(), in)
+	switch {
+	case empty && (schema.ReasonOf(err) != schema.ReasonUnknownConversation || !reflect.DeepEqual(c.State, before)):
+		t.Fatalf("%s on an empty conversation: %v, state %+v", in.Kind, err, c.State)
+	case !empty && err != nil:
+		t.Fatalf("%s: %v", in.Kind, err)
+	}
 }
 
 func lastTS(c *Conversation) int64 {

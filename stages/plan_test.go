@@ -1,6 +1,9 @@
 package stages
 
 import (
+	"context"
+	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -294,30 +297,34 @@ func TestEffectiveDropsOrphanToolResults(t *testing.T) {
 func TestFreshStart(t *testing.T) {
 	h := msgs(6)
 	h[0].Content = schema.TextContent("do it <command>make test</command> please")
-	h[5].Content = schema.BlockContent(schema.Block{Type: schema.BlockText, Text: "running"}, toolUse("c1", "bash", `{"cmd":"ls"}`))
+	// m3 calls c1 and the agent moves on without its result; m5's call c2
+	// waits for its result.
+	h[3].Content = schema.BlockContent(schema.Block{Type: schema.BlockText, Text: "running"}, toolUse("c1", "bash", `{"cmd":"ls"}`))
+	h[5].Content = schema.BlockContent(schema.Block{Type: schema.BlockText, Text: "again"}, toolUse("c2", "bash", `{"cmd":"ls -l"}`))
 	p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyFreshStart}
 	plan, err := PlanCondense(h, &p, "in")
 	mustNoErr(t, err)
 	req := plan.Request.Messages
-	// m0..m5, a synthetic result for the pending call, the final instruction.
-	if len(req) != 8 {
+	// m0..m4, a synthetic result for the abandoned call, the final instruction.
+	if len(req) != 7 {
 		t.Fatalf("request has %d messages", len(req))
 	}
-	if b := req[5].Content.Blocks; b[1].Type != schema.BlockText || !strings.HasPrefix(b[1].Text, "Tool: bash\nArguments: {\"cmd\":\"ls\"}") {
+	if b := req[3].Content.Blocks; b[1].Type != schema.BlockText || !strings.HasPrefix(b[1].Text, "Tool: bash\nArguments: {\"cmd\":\"ls\"}") {
 		t.Fatalf("tool_use not turned into text: %+v", b)
 	}
-	if b := req[6].Content.Blocks; len(b) != 1 || b[0].Type != schema.BlockText || !strings.Contains(b[0].Text, prompts.ToolDeferred) {
+	if b := req[5].Content.Blocks; len(b) != 1 || b[0].Type != schema.BlockText || !strings.Contains(b[0].Text, prompts.ToolDeferred) {
 		t.Fatalf("synthetic tool result %+v", b)
 	}
 	c := plan.Finish("sum", lenCount)
-	if got := join(c.History); got != "m0 m1 m2 m3 m4 m5 S" {
+	// The pending call stays visible after the summary.
+	if got := join(c.History); got != "m0 m1 m2 m3 m4 S m5" {
 		t.Fatalf("history %q", got)
 	}
-	if got := join(EffectiveHistory(c.History)); got != "S" {
+	if got := join(EffectiveHistory(c.History)); got != "S m5" {
 		t.Fatalf("effective %q", got)
 	}
 	s := c.Summary
-	if s.Role != schema.RoleUser || s.TS != h[5].TS+1 || c.MessagesCondensed != 6 {
+	if s.Role != schema.RoleUser || s.TS != h[5].TS-1 || c.MessagesCondensed != 5 {
 		t.Fatalf("summary %+v condensed %d", s, c.MessagesCondensed)
 	}
 	if b := s.Content.Blocks; len(b) != 2 || !strings.Contains(b[1].Text, "<command>make test</command>") {
@@ -338,7 +345,7 @@ func TestFreshStart(t *testing.T) {
 	if !ok || tr.Removed != 2 {
 		t.Fatalf("truncation after fresh start removed %d", tr.Removed)
 	}
-	if got := join(EffectiveHistory(tr.History)); got != "S T m8 m9 m10 m11" {
+	if got := join(EffectiveHistory(tr.History)); got != "S T m7 m8 m9 m10 m11" {
 		t.Fatalf("effective %q", got)
 	}
 }
@@ -352,6 +359,16 @@ func TestSplitPoint(t *testing.T) {
 	}
 	call := schema.Message{Turn: schema.Turn{Role: schema.RoleAssistant, Content: schema.BlockContent(toolUse("x", "t", `{}`))}}
 	result := schema.Message{Turn: schema.Turn{Role: schema.RoleUser, Content: schema.BlockContent(toolResult("x", "r"))}}
+	callOf := func(n int, ids ...string) schema.Message {
+		blocks := []schema.Block{{Type: schema.BlockText, Text: strings.Repeat("c", n)}}
+		for _, id := range ids {
+			blocks = append(blocks, toolUse(id, "t", `{}`))
+		}
+		return schema.Message{Turn: schema.Turn{Role: schema.RoleAssistant, Content: schema.BlockContent(blocks...)}}
+	}
+	resultOf := func(id string) schema.Message {
+		return schema.Message{Turn: schema.Turn{Role: schema.RoleUser, Content: schema.BlockContent(toolResult(id, "r"))}}
+	}
 	cases := []struct {
 		name string
 		h    []schema.Message
@@ -360,7 +377,10 @@ func TestSplitPoint(t *testing.T) {
 		{"even turns split at 70%", []schema.Message{u(100), a(100), u(100), a(100), u(100), a(100), u(100), a(100), u(100), a(100)}, 8},
 		{"all compressed when the last is a plain answer", []schema.Message{u(10), a(1000)}, 2},
 		{"never everything when the last is a tool call", []schema.Message{u(10), a(1000), u(10), call}, 2},
-		{"tool results are not split points", []schema.Message{u(10), call, result, a(1000), result}, 0},
+		{"a tool result is no split point; the turn after its exchange is", []schema.Message{u(10), callOf(1000, "x"), result, a(10), u(10)}, 3},
+		{"never between a call and its results", []schema.Message{u(10), callOf(1000, "A", "B"), resultOf("A"), resultOf("B"), callOf(10, "C"), resultOf("C"), a(10)}, 4},
+		{"an agent run: the pending call is kept", []schema.Message{u(10), callOf(1000, "A"), resultOf("A"), callOf(10, "B")}, 3},
+		{"an unfinished exchange is no boundary", []schema.Message{u(10), callOf(1000, "A", "B"), resultOf("A"), callOf(10, "C")}, 0},
 		{"empty", nil, 0},
 	}
 	for _, c := range cases {
@@ -416,5 +436,156 @@ func TestStripImages(t *testing.T) {
 	}
 	if h[2].Content.Blocks[0].Type != schema.BlockImage {
 		t.Fatal("the stored message must keep its image")
+	}
+}
+
+func TestCommandBlocksCarried(t *testing.T) {
+	cases := []struct {
+		name  string
+		first schema.Content
+		want  []string // substrings the summary's reminder must hold
+	}{
+		{"bare tag", schema.TextContent("do it <command>make test</command> please"), []string{"<command>make test</command>"}},
+		{"tag with attributes", schema.TextContent(`<command name="deploy" env="prod">ship the release</command>`), []string{`<command name="deploy" env="prod">ship the release</command>`}},
+		{"two blocks of one tag", schema.BlockContent(
+			schema.Block{Type: schema.BlockText, Text: `first <command name="deploy">step one`},
+			schema.Block{Type: schema.BlockText, Text: "step two</command> done"},
+		), []string{`<command name="deploy">step one`, "step two</command>"}},
+		{"two tags", schema.TextContent("<command>a</command> and <command name=\"b\">b</command>"), []string{"<command>a</command>", `<command name="b">b</command>`}},
+		{"not a command tag", schema.TextContent("<commands>x</commands> <commander>y</command>"), nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := msgs(6)
+			h[0].Content = tc.first
+			p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyFreshStart}
+			plan, err := PlanCondense(h, &p, "in")
+			mustNoErr(t, err)
+			b := plan.Finish("sum", lenCount).Summary.Content.Blocks
+			if tc.want == nil {
+				if len(b) != 1 {
+					t.Fatalf("no command, yet the summary has %d blocks: %+v", len(b), b)
+				}
+				return
+			}
+			if len(b) != 2 || !strings.HasPrefix(b[1].Text, "<system-reminder>") {
+				t.Fatalf("command not carried: %+v", b)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(b[1].Text, w) {
+					t.Fatalf("reminder %q lacks %q", b[1].Text, w)
+				}
+			}
+		})
+	}
+}
+
+func TestTruncationNeverPanics(t *testing.T) {
+	fracs := []float64{math.Inf(-1), -1, 0, 0.1, 0.5, 0.9, 0.99, 1, 1.5, 2, 1e300, math.Inf(1), math.NaN()}
+	for n := 0; n <= 12; n++ {
+		for _, f := range fracs {
+			h := msgs(n)
+			tr, ok := PlanTruncation(h, f, "t", lenCount)
+			checkTruncation(t, h, tr, ok, fmt.Sprintf("%d messages, fraction %v", n, f))
+		}
+	}
+}
+
+// checkTruncation: the first and the last visible messages stay visible, a
+// truncation hides something, and its changes replay to its history.
+func checkTruncation(t *testing.T, h []schema.Message, tr Truncation, ok bool, what string) {
+	t.Helper()
+	if !ok {
+		if tr.Removed != 0 || len(tr.History) != 0 {
+			t.Fatalf("%s: not ok, yet %+v", what, tr)
+		}
+		return
+	}
+	before, after := EffectiveHistory(h), EffectiveHistory(tr.History)
+	if tr.Removed <= 0 || len(after) >= len(before) {
+		t.Fatalf("%s: removed %d, effective %d → %d", what, tr.Removed, len(before), len(after))
+	}
+	if after[0].ID != before[0].ID || after[len(after)-1].ID != before[len(before)-1].ID {
+		t.Fatalf("%s: first or last visible message hidden: %q → %q", what, join(before), join(after))
+	}
+	if got := Apply(h, &tr.Changes); !reflect.DeepEqual(got, tr.History) {
+		t.Fatalf("%s: changes do not replay", what)
+	}
+}
+
+// FuzzPlanTruncation: no history and no fraction panics the exported planner.
+func FuzzPlanTruncation(f *testing.F) {
+	f.Add([]byte{5, 1, 2, 3}, 1.0)
+	f.Add([]byte{12, 0, 0, 9, 9}, 0.5)
+	f.Add([]byte{3}, math.Inf(1))
+	f.Fuzz(func(t *testing.T, shape []byte, frac float64) {
+		if len(shape) == 0 || len(shape) > 64 {
+			return
+		}
+		h := msgs(int(shape[0]) % 40)
+		// Hide, mark and duplicate at random: the planner must take any history.
+		for i, b := range shape[1:] {
+			if len(h) == 0 {
+				break
+			}
+			j := (i*7 + int(b)) % len(h)
+			switch b % 6 {
+			case 1:
+				h[j].TruncationParent = "gone"
+			case 2:
+				h[j].IsTruncationMarker, h[j].TruncationID = true, fmt.Sprintf("m%d", b)
+			case 3:
+				h[j].TruncationParent = fmt.Sprintf("m%d", b)
+			case 4:
+				h[j].ID = h[(j+1)%len(h)].ID
+			case 5:
+				h[j].Content = schema.BlockContent(toolResult(fmt.Sprintf("c%d", b%3), "r"))
+			}
+		}
+		tr, ok := PlanTruncation(h, frac, "t", lenCount)
+		if ok && tr.Removed <= 0 {
+			t.Fatalf("ok with %d removed", tr.Removed)
+		}
+	})
+}
+
+func TestFreshStartNeedsTwoMessagesSinceSummary(t *testing.T) {
+	p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyFreshStart}
+	plan, err := PlanCondense(msgs(6), &p, "in")
+	mustNoErr(t, err)
+	h := plan.Finish("sum", lenCount).History
+	cases := []struct {
+		after int
+		want  schema.Reason
+	}{{0, schema.ReasonCondensedRecently}, {1, schema.ReasonNotEnoughMessages}, {2, ""}, {3, ""}}
+	for _, tc := range cases {
+		hh := append([]schema.Message(nil), h...)
+		for i := 0; i < tc.after; i++ {
+			hh = append(hh, textMsg(6+i, "later"))
+		}
+		if _, err := PlanCondense(hh, &p, "in2"); schema.ReasonOf(err) != tc.want || (tc.want == "" && err != nil) {
+			t.Errorf("%d after the summary: %v, want %q", tc.after, err, tc.want)
+		}
+	}
+	// Through the engine, a manual request gets condense_failed with the reason.
+	c := newConv(&fixedSummarizer{text: "s"}, p)
+	ctx := context.Background()
+	for i := 0; i < 6; i++ {
+		_, err := c.Append(ctx, turnOf(i, 10))
+		mustNoErr(t, err)
+	}
+	condense := func(id int) []schema.Event {
+		evs, err := c.Apply(ctx, schema.Input{Kind: schema.KindCondense, ID: msgID(id), ConversationID: testConv, TS: 2000 + int64(id), Trigger: schema.TriggerManual})
+		mustNoErr(t, err)
+		return evs
+	}
+	if evs := condense(100); len(evs) != 2 || evs[1].Header().Type != schema.EventCondenseContext {
+		t.Fatalf("first condense %v", types(evs))
+	}
+	_, err = c.Append(ctx, turnOf(6, 10))
+	mustNoErr(t, err)
+	evs := condense(101)
+	if f, ok := evs[len(evs)-1].(*schema.CondenseFailed); !ok || f.Error != schema.ReasonNotEnoughMessages {
+		t.Fatalf("one message after the summary: %v", types(evs))
 	}
 }

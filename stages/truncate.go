@@ -30,28 +30,46 @@ type Truncation struct {
 // new one, so markers do not pile up in the effective history (a rewind of
 // the new truncation brings them back). It returns ok=false when it would
 // hide nothing: a truncation never hides zero messages.
+//
+// Any input is safe: a fraction that is not a number or not positive hides
+// nothing, and one of 1 or more hides all but the first and the last visible
+// message. The cut never separates tool calls from their results: when the
+// first kept message would answer a hidden call (an agent in the OpenAI
+// format sends one result turn per call), the cut moves back to the call, so
+// the results stay answered and a pending call keeps its coming results.
 func PlanTruncation(msgs []schema.Message, frac float64, truncID string, count func(schema.Content) int) (Truncation, bool) {
-	eff := EffectiveHistory(msgs)
-	visible := make([]string, 0, len(eff))
-	for i := range eff {
-		if !eff[i].IsTruncationMarker {
-			visible = append(visible, eff[i].ID)
-		}
-	}
-	if len(visible) < 2 {
+	if !(frac > 0) { // NaN too
 		return Truncation{}, false
 	}
-	n := int(float64(len(visible)-1) * frac)
+	eff := EffectiveHistory(msgs)
+	visible := make([]int, 0, len(eff)) // indices into eff
+	for i := range eff {
+		if !eff[i].IsTruncationMarker {
+			visible = append(visible, i)
+		}
+	}
+	if len(visible) < 3 {
+		return Truncation{}, false
+	}
+	// Compute in float and clamp before converting: int() of a huge float
+	// is undefined, and the last visible message always stays.
+	n := len(visible) - 2
+	if f := float64(len(visible)-1) * min(frac, 1); f < float64(n) {
+		n = int(f)
+	}
 	n -= n % 2
+	for n > 0 && eff[visible[n+1]].Role != schema.RoleAssistant && eff[visible[n+1]].Content.HasBlock(schema.BlockToolResult) {
+		n--
+	}
 	if n <= 0 {
 		return Truncation{}, false
 	}
 	hide := make(map[string]bool, n)
-	for _, id := range visible[1 : n+1] {
-		hide[id] = true
+	for _, i := range visible[1 : n+1] {
+		hide[eff[i].ID] = true
 	}
-	firstKept := visible[n+1]
-	first := visible[0]
+	firstKept := eff[visible[n+1]].ID
+	first := eff[visible[0]].ID
 	effIDs := make(map[string]bool, len(eff))
 	for i := range eff {
 		effIDs[eff[i].ID] = true
