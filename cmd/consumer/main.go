@@ -26,10 +26,19 @@ func main() {
 		_ = m.Close()
 		os.Exit(1)
 	}
-	<-ctx.Done()
+	code := 0
+	select {
+	case <-ctx.Done():
+	case err := <-m.Failed():
+		// Never stay up doing nothing: exit non-zero so that a supervisor
+		// restarts the service.
+		fmt.Fprintln(os.Stderr, "consumer:", err)
+		code = 1
+	}
 	stop() // a second signal now kills the process at once
 	if err := m.Close(); err != nil {
 		fmt.Fprintln(os.Stderr, "consumer: shutdown:", err)
 		os.Exit(1)
 	}
+	os.Exit(code)
 }

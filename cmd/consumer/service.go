@@ -41,6 +41,11 @@ type Config struct {
 	ProfilesFile string // seeds the profiles bucket; the built-in set when ""
 	LogLevel     string
 	LogFormat    string // text or json
+	// Retention is how long published outbox rows and rejected inputs'
+	// payload prefixes are kept; PruneEvery is how often they are pruned.
+	// Messages, events and applied inputs are never pruned.
+	Retention  time.Duration
+	PruneEvery time.Duration
 	NATS         bus.ConnConfig
 	Globals      schema.Globals
 	Pipeline     pipeline.Config
@@ -52,8 +57,10 @@ func DefaultConfig() Config {
 		DataDir:   "data",
 		Listen:    "127.0.0.1:4222",
 		HTTP:      "127.0.0.1:9464",
-		LogLevel:  "info",
-		LogFormat: "text",
+		LogLevel:   "info",
+		LogFormat:  "text",
+		Retention:  7 * 24 * time.Hour,
+		PruneEvery: time.Hour,
 		Globals:   schema.DefaultGlobals(),
 		Pipeline:  pipeline.DefaultConfig(),
 	}
@@ -77,6 +84,9 @@ type Main struct {
 	runDone     chan error
 	relayEnd    chan error
 
+	failed    chan error
+	runErr    error
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -94,6 +104,8 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.StringVar(&c.ProfilesFile, "profiles", c.ProfilesFile, "JSON array of profiles that seeds the ctx_profiles bucket (built-in set when empty)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
+	fs.DurationVar(&c.Retention, "retention", c.Retention, "how long published outbox rows and rejected payloads are kept (history, events and applied inputs are kept for ever)")
+	fs.DurationVar(&c.PruneEvery, "prune-every", c.PruneEvery, "how often old outbox rows and rejected payloads are pruned")
 	fs.BoolVar(&c.Globals.AutoCondense, "auto-condense", c.Globals.AutoCondense, "condense automatically when a profile does not say (Roo's autoCondenseContext)")
 	fs.IntVar(&c.Globals.AutoCondensePercent, "condense-percent", c.Globals.AutoCondensePercent, "global condense threshold, percent of the window (Roo's autoCondenseContextPercent, 5-100)")
 	fs.IntVar(&c.Pipeline.Lanes, "lanes", c.Pipeline.Lanes, "conversations applied at once")
@@ -113,6 +125,9 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "nats-url" })
 	if !explicit {
 		c.NATS.URL = ""
+	}
+	if c.Retention <= 0 || c.PruneEvery <= 0 {
+		return fmt.Errorf("--retention and --prune-every must be positive")
 	}
 	if p := c.Globals.AutoCondensePercent; p < schema.MinCondenseThreshold || p > schema.MaxCondenseThreshold {
 		return fmt.Errorf("--condense-percent %d must be in [%d, %d]", p, schema.MinCondenseThreshold, schema.MaxCondenseThreshold)
@@ -139,6 +154,7 @@ func (m *Main) Run(ctx context.Context) error {
 		m.Log = m.logger()
 	}
 	log := m.Log
+	m.failed = make(chan error, 1)
 	if err := os.MkdirAll(c.DataDir, 0o755); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
@@ -167,6 +183,9 @@ func (m *Main) Run(ctx context.Context) error {
 	m.cancel = cancel
 	profiles, err := pipeline.WatchProfiles(runCtx, kv, log, m.nc.StatusChanged(nats.CONNECTED))
 	if err != nil {
+		return err
+	}
+	if err := m.lock(ctx, js, runCtx); err != nil {
 		return err
 	}
 	dbPath := filepath.Join(c.DataDir, "ctxpipe.db")
@@ -199,13 +218,23 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.queries, err = m.runner.ServeQueries(runCtx, m.nc); err != nil {
 		return fmt.Errorf("serve queries: %w", err)
 	}
+	go store.RunPruner(runCtx, m.store, c.PruneEvery, c.Retention, log)
 	// The relay outlives the runner: Close flushes it after the last commit.
 	relayCtx, cancelRelay := context.WithCancel(context.WithoutCancel(ctx))
 	m.cancelRelay = cancelRelay
 	m.relayEnd = make(chan error, 1)
 	go func() { m.relayEnd <- m.relay.Run(relayCtx) }()
 	m.runDone = make(chan error, 1)
-	go func() { m.runDone <- m.runner.Run(runCtx) }()
+	go func() {
+		err := m.runner.Run(runCtx)
+		if err == nil && runCtx.Err() == nil {
+			err = errors.New("the runner stopped by itself")
+		}
+		if err != nil {
+			m.fail(fmt.Errorf("consumer: %w", err))
+		}
+		m.runDone <- err
+	}()
 	if err := m.serveHTTP(); err != nil {
 		return err
 	}
@@ -215,6 +244,28 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	log.Info("ctxpipe running", "nats", m.nc.ConnectedUrlRedacted(), "db", dbPath, "http", c.HTTP,
 		"profiles", len(profiles.IDs()), "condenser", endpoint)
+	return nil
+}
+
+// lock takes the instance lock on the consumer and holds it while runCtx
+// lasts. If another instance takes it over (this one was cut off longer
+// than the lock's TTL), the runner is stopped and the service fails.
+func (m *Main) lock(ctx context.Context, js jetstream.JetStream, runCtx context.Context) error {
+	host, _ := os.Hostname()
+	dir, err := filepath.Abs(m.Config.DataDir)
+	if err != nil {
+		dir = m.Config.DataDir
+	}
+	l, err := pipeline.AcquireLock(ctx, js, m.Config.Pipeline.Consumer, pipeline.Holder{Host: host, DataDir: dir, PID: os.Getpid()}, m.Log)
+	if err != nil {
+		return err
+	}
+	go func() {
+		if err := l.Hold(runCtx); err != nil {
+			m.fail(err)
+			m.cancel()
+		}
+	}()
 	return nil
 }
 
@@ -296,16 +347,26 @@ func (m *Main) serveHTTP() error {
 	// Profiles of a running service; the listener is loopback by default.
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	// /healthz: the process is alive and its SQLite file answers. A
+	// supervisor restarts the process when this fails.
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		if m.nc.Status() != nats.CONNECTED {
-			http.Error(w, "nats: "+m.nc.Status().String(), http.StatusServiceUnavailable)
-			return
-		}
 		if _, err := m.store.ConversationCount(r.Context()); err != nil {
 			http.Error(w, "sqlite: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")
+	})
+	// /readyz: the service is consuming: connected to NATS, its consumer
+	// exists and was heard from recently. A load balancer or an operator
+	// looks here; it goes unready while a node loss makes consuming
+	// impossible and ready again once the runner has rebuilt its consumer.
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ok, why := m.Ready()
+		if !ok {
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready:", why)
 	})
 	ln, err := net.Listen("tcp", m.Config.HTTP)
 	if err != nil {
@@ -318,6 +379,27 @@ func (m *Main) serveHTTP() error {
 		}
 	}()
 	return nil
+}
+
+// Ready tells whether the service is consuming, and why not.
+func (m *Main) Ready() (bool, string) {
+	if st := m.nc.Status(); st != nats.CONNECTED {
+		return false, "nats: " + st.String()
+	}
+	return m.runner.Ready()
+}
+
+// Failed delivers an error if the service stops working on its own (the
+// runner gave up, or another instance took the consumer over): the process
+// must then exit non-zero so that a supervisor restarts it, rather than
+// stay up doing nothing.
+func (m *Main) Failed() <-chan error { return m.failed }
+
+func (m *Main) fail(err error) {
+	select {
+	case m.failed <- err:
+	default:
+	}
 }
 
 // Close stops the service once; later calls return the first call's error.
