@@ -18,10 +18,17 @@ const MaxPayload = 8 << 20
 // in t.TempDir(), and returns it with its client URL. It stops on t.Cleanup.
 func Run(t testing.TB) (*server.Server, string) {
 	t.Helper()
+	return RunPort(t, -1)
+}
+
+// RunPort is Run on the given port (-1: any free one), so that a test can start a server
+// where a client already tries to connect, or start one again where it was.
+func RunPort(t testing.TB, port int) (*server.Server, string) {
+	t.Helper()
 	opts := &server.Options{
 		ServerName: "natstest",
 		Host:       "127.0.0.1",
-		Port:       -1,
+		Port:       port,
 		JetStream:  true,
 		StoreDir:   t.TempDir(),
 		MaxPayload: MaxPayload,
@@ -29,6 +36,17 @@ func Run(t testing.TB) (*server.Server, string) {
 		NoSigs:     true,
 	}
 	return start(t, opts)
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago, for a
+// server a test starts later.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	addrs, err := freeRoutes(1)
+	if err != nil {
+		t.Fatalf("natstest: free port: %v", err)
+	}
+	return addrs[0].Port
 }
 
 // RunWithConfig starts a server from the configuration file at path, as
