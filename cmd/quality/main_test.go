@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// corpus links one real run (and its system prompt) into a temporary
+// directory, so the command runs end to end in a second.
+func corpus(t *testing.T) string {
+	t.Helper()
+	src, err := filepath.Abs("../../../shared/data/transcripts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"msa_deepseek-chat_django__django-14752.jsonl", "msa_deepseek-chat_django__django-14752.system.txt"} {
+		if err := os.Symlink(filepath.Join(src, f), filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func TestRun(t *testing.T) {
+	dir := corpus(t)
+	cases := []struct {
+		name  string
+		args  []string
+		check func(t *testing.T, out string)
+	}{
+		{"markdown", []string{"--format", "markdown"}, func(t *testing.T, out string) {
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			var table []string
+			for _, l := range lines {
+				if strings.HasPrefix(l, "|") {
+					table = append(table, l)
+				}
+			}
+			if len(table) != 5 { // heading, rule, three strategies
+				t.Fatalf("want a markdown table of 5 lines, got:\n%s", out)
+			}
+			for i, l := range table {
+				if n := strings.Count(l, "|"); n != len(columns)+1 {
+					t.Fatalf("line %d has %d cells, want %d: %s", i, n-1, len(columns), l)
+				}
+			}
+			for _, s := range []string{"| keep_tail |", "| fresh_start |", "| preserve_fraction |", "32,000-token window, threshold 70 %"} {
+				if !strings.Contains(out, s) {
+					t.Fatalf("no %q in:\n%s", s, out)
+				}
+			}
+		}},
+		{"json", []string{"--json", "--window", "16000"}, func(t *testing.T, out string) {
+			var rep report
+			if err := json.Unmarshal([]byte(out), &rep); err != nil {
+				t.Fatalf("%v in:\n%s", err, out)
+			}
+			if rep.Window != 16000 || rep.Transcripts != 1 || len(rep.Rows) != 3 || rep.Condenser != "offline-extractive" {
+				t.Fatalf("report %+v", rep)
+			}
+			if rep.Rows[0].Reductions == 0 || rep.Runs != nil {
+				t.Fatalf("keep_tail row %+v (runs only with --detail)", rep.Rows[0])
+			}
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			args := append([]string{"--transcripts", dir}, c.args...)
+			if code := run(context.Background(), args, &out, &errOut); code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut.String())
+			}
+			if !strings.Contains(errOut.String(), "[  3/3]") {
+				t.Fatalf("no progress on stderr: %q", errOut.String())
+			}
+			c.check(t, out.String())
+		})
+	}
+}
+
+func TestRunRejects(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		code int
+	}{
+		{"bad format", []string{"--format", "html"}, 2},
+		{"no window", []string{"--window", "0"}, 2},
+		{"no transcripts", []string{"--transcripts", "."}, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			if code := run(context.Background(), c.args, &out, &errOut); code != c.code {
+				t.Fatalf("exit %d, want %d; stderr %s", code, c.code, errOut.String())
+			}
+		})
+	}
+}
+
+func TestThousands(t *testing.T) {
+	for n, want := range map[int]string{0: "0", 999: "999", 1000: "1,000", 20896: "20,896", 1234567: "1,234,567", -4500: "-4,500"} {
+		if got := thousands(n); got != want {
+			t.Errorf("thousands(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
