@@ -14,7 +14,9 @@ import (
 // FuzzEngine drives a conversation with an arbitrary sequence of turns (with
 // tool calls and results), manual condenses, overflows, rewinds and
 // summarizer behaviours, and checks the invariants after every step:
-//   - the effective history never holds a tool_result without its tool_use;
+//   - the effective history never holds a tool_result without its tool_use,
+//     and never drops a stored result that no tag hides (a reduction never
+//     hides a call whose results are kept or still to come);
 //   - effective ⊆ stored, and the stored agent messages are exactly the ones
 //     appended and not rewound (nothing is lost, nothing appears);
 //   - every parent tag that hides a message names a stored summary or marker;
@@ -66,12 +68,20 @@ func FuzzEngine(f *testing.F) {
 				switch {
 				case op%2 == 1:
 					turn.Role = schema.RoleAssistant
-					if op == 3 {
-						turn.Content = schema.BlockContent(schema.Block{Type: schema.BlockText, Text: "calling"},
-							toolUse(fmt.Sprintf("call_%d", n), "bash", fmt.Sprintf(`{"cmd":"ls %d"}`, size)))
+					if op == 3 { // one to three parallel calls
+						blocks := []schema.Block{{Type: schema.BlockText, Text: "calling"}}
+						for k := 0; k <= size%3; k++ {
+							blocks = append(blocks, toolUse(fmt.Sprintf("call_%d_%d", n, k), "bash", fmt.Sprintf(`{"cmd":"ls %d"}`, size)))
+						}
+						turn.Content = schema.BlockContent(blocks...)
 					}
 				case len(open) > 0:
+					// Every result in one turn (Anthropic), or one turn per
+					// call (OpenAI's tool messages).
 					turn.Role = schema.RoleUser
+					if size%2 == 1 {
+						open = open[:1]
+					}
 					var blocks []schema.Block
 					for _, id := range open {
 						blocks = append(blocks, toolResult(id, strings.Repeat("out ", size)))
@@ -207,6 +217,9 @@ func checkInvariants(t *testing.T, c *Conversation, originals map[string]schema.
 				}
 			}
 		}
+	}
+	if lost := lostResults(c.Messages); len(lost) > 0 {
+		t.Fatalf("tool results dropped from the effective history: %v\nstored %q\neffective %q", lost, join(c.Messages), join(eff))
 	}
 	var agent []string
 	summaries, markers := liveIDs(c.Messages)
