@@ -143,7 +143,7 @@ func cells(s quality.Stats) []string {
 	return []string{
 		s.Row,
 		fmt.Sprintf("%.1f", s.ReductionsPer100Turns),
-		tokens(s.TokensBefore) + " → " + tokens(s.TokensAfter),
+		tokenCount(s.TokensBefore) + " → " + tokenCount(s.TokensAfter),
 		pct(s.ReductionPct.Value/100, s.ReductionPct.N),
 		thousands(int(s.SummarizerTokensPer100Turns + 0.5)),
 		pct(s.PathsKept.Value, s.PathsKept.N),
@@ -196,7 +196,7 @@ func pct(v float64, n int) string {
 	return fmt.Sprintf("%.0f %%", 100*v)
 }
 
-func tokens(f quality.Figure) string {
+func tokenCount(f quality.Figure) string {
 	if f.N == 0 {
 		return "–"
 	}

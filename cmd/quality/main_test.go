@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ctxpipe/ctxpipe/internal/openaitest"
+	"github.com/ctxpipe/ctxpipe/tokens"
 )
 
 // corpus links one real run (and its system prompt) into a temporary
@@ -109,5 +112,42 @@ func TestThousands(t *testing.T) {
 		if got := thousands(n); got != want {
 			t.Errorf("thousands(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// TestRunLLM runs the command against an OpenAI-compatible server (a real
+// HTTP server and the real go-openai client) and checks that the summarizer
+// tokens in the report are the tokens of the requests the server received.
+func TestRunLLM(t *testing.T) {
+	srv := openaitest.New(t)
+	var out, errOut bytes.Buffer
+	args := []string{"--transcripts", corpus(t), "--json", "--quiet", "--base-url", srv.URL(), "--model", "test-model"}
+	if code := run(context.Background(), args, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	var rep report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Condenser != "test-model at "+srv.URL() {
+		t.Fatalf("condenser %q", rep.Condenser)
+	}
+	calls, sent := 0, 0
+	for _, r := range rep.Rows {
+		calls += r.SummarizerCalls
+		sent += r.SummarizerTokens
+	}
+	tc, err := tokens.O200K()
+	if err != nil {
+		t.Fatal(err)
+	}
+	received := 0
+	for _, req := range srv.Requests() {
+		for _, m := range req.Chat.Messages {
+			received += tc.Count(m.Content)
+		}
+	}
+	if calls == 0 || calls != srv.Count() || sent != received {
+		t.Fatalf("report: %d calls, %d tokens; server: %d requests, %d tokens", calls, sent, srv.Count(), received)
 	}
 }
