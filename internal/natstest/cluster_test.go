@@ -88,6 +88,7 @@ func TestClusterSurvivesLeaderLoss(t *testing.T) {
 	}
 	for _, st := range steps {
 		name := st.leader()
+		down := time.Now()
 		i := c.ShutdownByName(name)
 		if c.Server(i) != nil || c.Name(i) != name {
 			t.Fatalf("%s: node %d (%s) still listed as up", st.name, i, name)
@@ -95,8 +96,13 @@ func TestClusterSurvivesLeaderLoss(t *testing.T) {
 		if got := st.leader(); got == name || got == "" {
 			t.Fatalf("%s: leader is %q after %s went down", st.name, got, name)
 		}
+		elected := time.Since(down)
 		publishAndRead(st.name, 1)
+		t.Logf("%s (%s): new leader after %v, a message through after %v", st.name, name,
+			elected.Round(time.Millisecond), time.Since(down).Round(time.Millisecond))
+		restart := time.Now()
 		c.Restart(i)
+		t.Logf("%s rejoined in %v", name, time.Since(restart).Round(time.Millisecond))
 		if c.Server(i) == nil {
 			t.Fatalf("%s: node %d not up after Restart", st.name, i)
 		}
