@@ -327,10 +327,23 @@ const (
 	qPutOutbox = `INSERT INTO outbox (event_id, subject, data) VALUES (?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
 )
 
+// ErrIDConflict fails a batch holding an applied input whose id was stored
+// meanwhile with another conversation or other content. Retrying the batch
+// after checking the ids again resolves it.
+var ErrIDConflict = errors.New("input id taken meanwhile by another input")
+
 // apply runs one entry inside the batch transaction and reports whether it
 // was a duplicate, and whether that duplicate is a reused id.
 func (c *committer) apply(ctx context.Context, x *encoded) (Result, error) {
 	r, err := c.applyInput(ctx, x)
+	if err == nil && r.Conflict && x.ch != nil && x.in.Status == StatusApplied {
+		// Another conversation's input (or other content) took this id
+		// between the caller's duplicate check and this commit. Skipping
+		// the changes would leave the caller's later inputs, prepared on
+		// top of them, inconsistent: fail the batch instead, so that the
+		// caller checks again and rejects this input as a reused id.
+		return r, ErrIDConflict
+	}
 	if err != nil || r.Duplicate {
 		return r, err
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -238,5 +239,30 @@ func TestMigrationBackfillsHashesAndCutsRejectedPayloads(t *testing.T) {
 			t.Fatalf("%s: %d bytes kept (want %d), hash %x (want %x), size %d (want %d)",
 				r.id, len(p), r.keep, hash, want, size, len(r.payload))
 		}
+	}
+}
+
+// An applied input whose id another conversation took meanwhile fails its
+// batch (nothing of it is stored) instead of being skipped silently: the
+// caller checks again and rejects it as a reused id.
+func TestCommitFailsOnIDTakenMeanwhile(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	id := uuid.NewString()
+	mk := func(conv string) Entry {
+		m := schema.Message{Turn: schema.Turn{ID: id, ConversationID: conv, TS: 1, Role: schema.RoleUser, Content: schema.TextContent("hi " + conv)}, Tokens: 2}
+		return Entry{
+			Input:   InputRecord{ID: id, ConversationID: conv, Kind: "turn", Subject: "ctx.in." + conv + ".turn", TS: 1, Payload: []byte(conv), Status: StatusApplied},
+			Changes: &schema.Changes{Insert: []schema.Insertion{{Message: m}}, State: schema.ConversationState{ConversationID: conv, Messages: 1}},
+		}
+	}
+	if _, err := s.Commit(ctx, []Entry{mk("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(ctx, []Entry{mk("b")}); !errors.Is(err, ErrIDConflict) {
+		t.Fatalf("commit of a taken id in another conversation: %v, want ErrIDConflict", err)
+	}
+	if _, found, err := s.State(ctx, "b"); err != nil || found {
+		t.Fatalf("conversation b was stored (found=%v, %v)", found, err)
 	}
 }

@@ -8,6 +8,14 @@ import (
 	"time"
 )
 
+// Defaults for RunPruner, for a service that has no reason to choose: the
+// outbox and rejected payloads only help debugging after a week, and pruning
+// hourly keeps each run short.
+const (
+	DefaultPruneInterval  = time.Hour
+	DefaultPruneRetention = 7 * 24 * time.Hour
+)
+
 // PruneOptions says what Prune may forget. A zero time prunes nothing of
 // that kind.
 type PruneOptions struct {

@@ -231,8 +231,9 @@ func (s *Store) Events(ctx context.Context, conv string) ([]schema.Event, error)
 	return out, nil
 }
 
-// InputStatus tells whether input id was stored and how it ended. It backs
-// ctx.q.history's wait_for.
+// InputStatus tells whether input id was stored, in any conversation, and
+// how it ended. Queries should use InputStatusIn: wait_for must not see
+// another conversation's input.
 func (s *Store) InputStatus(ctx context.Context, id string) (status Status, reason string, found bool, err error) {
 	var st string
 	err = s.r.QueryRowContext(ctx, "SELECT status, reason FROM inputs WHERE id = ?", id).Scan(&st, &reason)
@@ -245,8 +246,9 @@ func (s *Store) InputStatus(ctx context.Context, id string) (status Status, reas
 	return Status(st), reason, true, nil
 }
 
-// Seen returns which of ids are already stored as inputs, in one query: the
-// pipeline checks a whole lane batch for duplicates at once.
+// Seen returns which of ids are already stored as inputs, in one query. The
+// pipeline should use SeenInputs, which also tells a reused id from a
+// redelivery.
 func (s *Store) Seen(ctx context.Context, ids []string) (map[string]bool, error) {
 	seen := map[string]bool{}
 	for len(ids) > 0 {

@@ -116,6 +116,9 @@ func (r *Relay) Pending(ctx context.Context) (int, error) { return r.s.Pending(c
 // store is closed under it. Publish and database failures are logged and
 // retried with exponential backoff from the same row, so order is kept.
 func (r *Relay) Run(ctx context.Context) error {
+	// Whatever happened before this Run, the stream may hold rows not
+	// marked yet: read it back before the first publish.
+	r.reconciled = false
 	backoff := time.Duration(0)
 	for {
 		if r.s.closed.Load() {
