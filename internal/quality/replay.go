@@ -99,7 +99,16 @@ type Row struct {
 	Configure func(p *schema.Profile)
 }
 
-// Rows are the strategies the engine has today.
+// Rows are the strategies the engine has today. Masking (issue 13) plugs in
+// as two more entries once the profile has its settings and the engine emits
+// tool_results_masked, for example
+//
+//	{Name: "mask only", Configure: func(p *schema.Profile) { p.Mask = …; p.AutoCondense = &off }},
+//	{Name: "mask then keep_tail", Configure: func(p *schema.Profile) { p.Mask = …; p.Strategy = schema.StrategyKeepTail }},
+//
+// Nothing else changes: HiddenSpan counts a message whose content changed as
+// hidden (its earlier version is what the facts come from), and the meter
+// counts the masked request the summarizer is then sent.
 func Rows() []Row {
 	strategy := func(s schema.Strategy) func(*schema.Profile) {
 		return func(p *schema.Profile) { p.Strategy = s }
@@ -183,7 +192,7 @@ func Replay(ctx context.Context, t Transcript, row string, p schema.Profile, s s
 	eng := stages.NewEngine(m)
 	eng.Log = slog.New(slog.DiscardHandler) // an info line per condense would bury the progress
 	conv := stages.NewConversation(t.Name, p, eng)
-	run := Run{Row: row, Transcript: t.Name, Turns: len(t.Turns), Events: map[string]int{}}
+	run := Run{Row: row, Transcript: t.Name, Turns: len(t.Turns), Events: map[string]int{}, Reductions: []Reduction{}}
 	broken := newSet()
 	task, latest := "", ""
 	for i, turn := range t.Turns {
