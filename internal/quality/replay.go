@@ -196,6 +196,9 @@ func Replay(ctx context.Context, t Transcript, row string, p schema.Profile, s s
 	broken := newSet()
 	task, latest := "", ""
 	for i, turn := range t.Turns {
+		if err := ctx.Err(); err != nil {
+			return run, fmt.Errorf("%s/%s turn %d: %w", row, t.Name, i, err)
+		}
 		if i == 0 && t.System != "" {
 			turn.SystemPrompt = t.System
 		}

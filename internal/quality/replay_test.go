@@ -2,6 +2,7 @@ package quality
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"reflect"
 	"testing"
@@ -109,5 +110,17 @@ func TestReplayRealRuns(t *testing.T) {
 				t.Errorf("%s/%s: the parallel replay differs from the serial one", row.Name, tr.Name)
 			}
 		}
+	}
+}
+
+// TestReplayAllStopsOnCancel: a cancelled context ends the replay with its
+// error instead of a partial table.
+func TestReplayAllStopsOnCancel(t *testing.T) {
+	ts := loadTwo(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	runs, err := ReplayAll(ctx, ts, Rows(), BaseProfile(32000, 70), &llm.Offline{}, 2, nil)
+	if !errors.Is(err, context.Canceled) || runs != nil {
+		t.Fatalf("ReplayAll after cancel = %v, %v; want nil, context.Canceled", runs, err)
 	}
 }
