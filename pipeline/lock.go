@@ -49,8 +49,9 @@ type InstanceLock struct {
 }
 
 // AcquireLock takes the lock for consumer, or returns an error wrapping
-// ErrLockHeld that names the holder.
-func AcquireLock(ctx context.Context, js jetstream.JetStream, consumer string, me Holder, log *slog.Logger) (*InstanceLock, error) {
+// ErrLockHeld that names the holder. replicas sizes the lock bucket when it
+// is created (match the streams').
+func AcquireLock(ctx context.Context, js jetstream.JetStream, consumer string, me Holder, replicas int, log *slog.Logger) (*InstanceLock, error) {
 	kv, err := js.KeyValue(ctx, LocksBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
@@ -59,6 +60,7 @@ func AcquireLock(ctx context.Context, js jetstream.JetStream, consumer string, m
 			History:     1,
 			TTL:         lockTTL,
 			Storage:     jetstream.FileStorage,
+			Replicas:    max(replicas, 1),
 		})
 		if errors.Is(err, jetstream.ErrBucketExists) {
 			kv, err = js.KeyValue(ctx, LocksBucket)

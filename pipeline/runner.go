@@ -176,7 +176,7 @@ func (r *Runner) Ready() (bool, string) { return r.health.ready(time.Now(), 3*r.
 // Every failure is logged and followed, once consuming works again, by a
 // recovery line.
 func (r *Runner) consume(ctx context.Context) error {
-	backoff := newBackoff(250*time.Millisecond, 5*time.Second)
+	backoff := newBackoff(250*time.Millisecond, 2*time.Second)
 	var failedAt time.Time
 	failures := 0
 	for ctx.Err() == nil {
@@ -296,7 +296,9 @@ func (r *Runner) probe(ctx context.Context, cons jetstream.Consumer) {
 // several instances each will own its own partitions' consumers, and the
 // same resume applies per partition when an instance takes one over.
 func (r *Runner) resume(ctx context.Context) (jetstream.Consumer, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	// While a cluster elects leaders, API requests may go unanswered: give
+	// up on each soon and try again, rather than wait out a long timeout.
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	cfg := r.ConsumerConfig()
 	old, err := r.JS.Consumer(ctx, bus.StreamIn, cfg.Durable)

@@ -95,6 +95,13 @@ func TestCommitReportsReusedID(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.conflict && tc.entry.Input.Status == StatusApplied {
+				// An applied input with changes fails its batch instead.
+				if _, err := s.Commit(context.Background(), []Entry{tc.entry}); !errors.Is(err, ErrIDConflict) {
+					t.Fatalf("commit: %v, want ErrIDConflict", err)
+				}
+				return
+			}
 			res := commit(t, s, tc.entry)
 			want := Result{InputID: tc.entry.Input.ID, Duplicate: true, Conflict: tc.conflict}
 			if res[0] != want {
@@ -105,9 +112,8 @@ func TestCommitReportsReusedID(t *testing.T) {
 	// Inside one batch too: the second entry meets the first one's row.
 	a := turnEntry("e", msg("e", "e1", 1, schema.RoleUser, "a"))
 	b := with(a, "e", []byte(`{"b":2}`))
-	res := commit(t, s, a, b)
-	if res[0].Duplicate || !res[1].Duplicate || !res[1].Conflict {
-		t.Fatalf("batch results = %+v, want the second a conflict", res)
+	if _, err := s.Commit(context.Background(), []Entry{a, b}); !errors.Is(err, ErrIDConflict) {
+		t.Fatalf("batch commit: %v, want ErrIDConflict for the second entry", err)
 	}
 	if got := ids(messagesOf(t, s, "c")); len(got) != 1 || len(messagesOf(t, s, "d")) != 0 {
 		t.Fatalf("a duplicate's changes applied: c = %v", got)

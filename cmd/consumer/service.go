@@ -46,6 +46,9 @@ type Config struct {
 	// Messages, events and applied inputs are never pruned.
 	Retention  time.Duration
 	PruneEvery time.Duration
+	// Replicas of the streams and buckets ctxpipe creates (1 for one
+	// server, 3 for a cluster). Starting never lowers an existing stream's.
+	Replicas int
 	NATS         bus.ConnConfig
 	Globals      schema.Globals
 	Pipeline     pipeline.Config
@@ -60,6 +63,7 @@ func DefaultConfig() Config {
 		LogLevel:   "info",
 		LogFormat:  "text",
 		Retention:  7 * 24 * time.Hour,
+		Replicas:   1,
 		PruneEvery: time.Hour,
 		Globals:   schema.DefaultGlobals(),
 		Pipeline:  pipeline.DefaultConfig(),
@@ -85,7 +89,7 @@ type Main struct {
 	relayEnd    chan error
 
 	failed    chan error
-	runErr    error
+	httpAddr  string
 
 	closeOnce sync.Once
 	closeErr  error
@@ -104,6 +108,7 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.StringVar(&c.ProfilesFile, "profiles", c.ProfilesFile, "JSON array of profiles that seeds the ctx_profiles bucket (built-in set when empty)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
+	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "replicas of CTX_IN, CTX_EVENTS and the buckets when ctxpipe creates them (3 on a cluster); an existing stream's are never lowered")
 	fs.DurationVar(&c.Retention, "retention", c.Retention, "how long published outbox rows and rejected payloads are kept (history, events and applied inputs are kept for ever)")
 	fs.DurationVar(&c.PruneEvery, "prune-every", c.PruneEvery, "how often old outbox rows and rejected payloads are pruned")
 	fs.BoolVar(&c.Globals.AutoCondense, "auto-condense", c.Globals.AutoCondense, "condense automatically when a profile does not say (Roo's autoCondenseContext)")
@@ -125,6 +130,9 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "nats-url" })
 	if !explicit {
 		c.NATS.URL = ""
+	}
+	if c.Replicas < 1 || c.Replicas > 5 {
+		return fmt.Errorf("--replicas %d must be in [1, 5]", c.Replicas)
 	}
 	if c.Retention <= 0 || c.PruneEvery <= 0 {
 		return fmt.Errorf("--retention and --prune-every must be positive")
@@ -165,10 +173,11 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	if err := bus.EnsureStreams(ctx, js); err != nil {
+	busOpts := []bus.Option{bus.WithReplicas(c.Replicas), bus.WithLogger(log)}
+	if err := bus.EnsureStreams(ctx, js, busOpts...); err != nil {
 		return err
 	}
-	kv, err := bus.EnsureProfiles(ctx, js)
+	kv, err := bus.EnsureProfiles(ctx, js, busOpts...)
 	if err != nil {
 		return err
 	}
@@ -256,7 +265,7 @@ func (m *Main) lock(ctx context.Context, js jetstream.JetStream, runCtx context.
 	if err != nil {
 		dir = m.Config.DataDir
 	}
-	l, err := pipeline.AcquireLock(ctx, js, m.Config.Pipeline.Consumer, pipeline.Holder{Host: host, DataDir: dir, PID: os.Getpid()}, m.Log)
+	l, err := pipeline.AcquireLock(ctx, js, m.Config.Pipeline.Consumer, pipeline.Holder{Host: host, DataDir: dir, PID: os.Getpid()}, m.Config.Replicas, m.Log)
 	if err != nil {
 		return err
 	}
@@ -372,6 +381,7 @@ func (m *Main) serveHTTP() error {
 	if err != nil {
 		return fmt.Errorf("--http %s: %w", m.Config.HTTP, err)
 	}
+	m.httpAddr = ln.Addr().String()
 	m.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := m.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -380,6 +390,10 @@ func (m *Main) serveHTTP() error {
 	}()
 	return nil
 }
+
+// HTTPAddr is the address /metrics, /healthz and /readyz listen on ("" when
+// disabled); with --http 127.0.0.1:0 it says which port was picked.
+func (m *Main) HTTPAddr() string { return m.httpAddr }
 
 // Ready tells whether the service is consuming, and why not.
 func (m *Main) Ready() (bool, string) {

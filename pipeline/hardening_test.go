@@ -1,0 +1,356 @@
+package pipeline_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/internal/natstest"
+	"github.com/ctxpipe/ctxpipe/pipeline"
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// rejections returns conv's input_rejected events by input id.
+func rejections(h *harness, conv string) map[string]schema.Reason {
+	out := map[string]schema.Reason{}
+	for _, e := range h.events(conv) {
+		if r, ok := e.(*schema.InputRejected); ok {
+			out[r.InputID] = r.Reason
+		}
+	}
+	return out
+}
+
+// An input id reused with other content, or in another conversation, is
+// rejected duplicate_id; the same input again stays a silent no-op; and
+// wait_for does not confuse conversations (issue 7, item 8).
+func TestReusedInputIDIsRejected(t *testing.T) {
+	h := start(t)
+	first := h.turn("owner", schema.RoleUser, 10)
+	h.history("owner", schema.ViewFull, first.ID)
+
+	// The same id with other content in the same conversation.
+	changed := first
+	changed.Content = schema.TextContent("something else entirely")
+	h.publish(schema.InputSubject("owner", schema.KindTurn), uuid.NewString(), changed)
+	// The same id in another conversation: an agent waiting for it there
+	// must not be told it landed.
+	other := first
+	other.ConversationID = "thief"
+	h.publish(schema.InputSubject("thief", schema.KindTurn), uuid.NewString(), other)
+	// The very same bytes again (after the stream's dedup window): silent.
+	data, _ := schema.Marshal(first)
+	h.publishRaw(schema.InputSubject("owner", schema.KindTurn), uuid.NewString(), data)
+
+	next := h.turn("owner", schema.RoleAssistant, 10)
+	if full := h.history("owner", schema.ViewFull, next.ID); len(full) != 2 || full[0].Content.Text != first.Content.Text {
+		t.Fatalf("owner history: %d messages: %+v", len(full), full)
+	}
+	rej := rejections(h, "owner")
+	if len(rej) != 1 || rej[first.ID] != schema.ReasonDuplicateID {
+		t.Fatalf("owner rejections %v, want one duplicate_id for %s", rej, first.ID)
+	}
+	if rej := rejections(h, "thief"); rej[first.ID] != schema.ReasonDuplicateID {
+		t.Fatalf("thief rejections %v, want duplicate_id", rej)
+	}
+	req, _ := json.Marshal(schema.HistoryRequest{ConversationID: "thief", WaitFor: first.ID, TimeoutMS: 300})
+	msg, err := h.nc.Request(schema.SubjectHistory, req, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep schema.HistoryReply
+	if err := schema.DecodeQueryReply(msg.Data, &rep); err == nil {
+		t.Fatalf("wait_for in another conversation answered %d messages: the agent is told its turn landed", len(rep.Messages))
+	}
+}
+
+// A control input on a conversation that has no turn is rejected and
+// creates nothing: a real conversation using the id later auto-condenses
+// (issue 7, item 3).
+func TestControlOnUnknownConversationStoresNothing(t *testing.T) {
+	h := start(t)
+	id := h.control("ghost", schema.KindOverflow, schema.Input{})
+	h.control("ghost", schema.KindCondense, schema.Input{Trigger: schema.TriggerManual})
+	req, _ := json.Marshal(schema.HistoryRequest{ConversationID: "ghost", WaitFor: id})
+	msg, err := h.nc.Request(schema.SubjectHistory, req, 5*time.Second)
+	if err != nil || !strings.Contains(string(msg.Data), string(pipeline.QueryInputRejected)) {
+		t.Fatalf("wait_for the overflow: %s %v", msg.Data, err)
+	}
+	if _, found, err := h.store.State(context.Background(), "ghost"); err != nil || found {
+		t.Fatalf("a control input created the conversation (found=%v, %v)", found, err)
+	}
+	for _, r := range rejections(h, "ghost") {
+		if r != schema.ReasonUnknownConversation {
+			t.Fatalf("reason %s, want unknown_conversation", r)
+		}
+	}
+	// The id used for real: it condenses as any other.
+	ts := h.turns("ghost", 10, 200)
+	if eff := h.history("ghost", schema.ViewEffective, ts[len(ts)-1].ID); !slices.ContainsFunc(eff, func(m schema.Message) bool { return m.IsSummary }) {
+		t.Fatalf("the conversation never condensed: %d effective messages", len(eff))
+	}
+}
+
+// Any number of pending wait_for requests never delays a status query
+// (issue 7, item 10): before, 256 waits took every query slot and a status
+// query waited for their timeout.
+func TestWaitFloodDoesNotBlockQueries(t *testing.T) {
+	h := start(t)
+	t1 := h.turn("busy", schema.RoleUser, 10)
+	h.history("busy", schema.ViewFull, t1.ID)
+
+	const waits = 600
+	var wg sync.WaitGroup
+	for range waits {
+		req, _ := json.Marshal(schema.HistoryRequest{ConversationID: "busy", WaitFor: uuid.NewString(), TimeoutMS: 60_000})
+		inbox := h.nc.NewRespInbox()
+		if err := h.nc.PublishRequest(schema.SubjectHistory, inbox, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // let the waits park
+	lat := make([]time.Duration, 50)
+	for i := range lat {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := json.Marshal(schema.StatusRequest{ConversationID: "busy"})
+			t0 := time.Now()
+			msg, err := h.nc.Request(schema.SubjectStatus, req, 5*time.Second)
+			lat[i] = time.Since(t0)
+			if err != nil {
+				t.Errorf("status with %d waits pending: %v", waits, err)
+				return
+			}
+			var rep schema.StatusReply
+			if err := schema.DecodeQueryReply(msg.Data, &rep); err != nil || rep.Messages != 1 {
+				t.Errorf("status reply %s: %v", msg.Data, err)
+			}
+		}()
+	}
+	wg.Wait()
+	slices.Sort(lat)
+	t.Logf("status with %d waits pending: p50 %v, p99 %v", waits, lat[len(lat)/2], lat[len(lat)*99/100])
+}
+
+// A history larger than one NATS message gets an answer, never silence: a
+// too_large error naming the size, and pages with limit and next_cursor
+// (issue 7, item 9).
+func TestLargeHistoryIsPaged(t *testing.T) {
+	h := start(t, schema.Profile{ID: schema.DefaultProfileID, ContextWindow: 10_000_000, MaxTokens: 1000})
+	big := strings.Repeat("x", 3<<20)
+	var last schema.Turn
+	for i := range 3 {
+		role := schema.RoleUser
+		if i%2 == 1 {
+			role = schema.RoleAssistant
+		}
+		last = schema.Turn{ID: uuid.NewString(), ConversationID: "big", TS: h.nextTS(), Role: role, Content: schema.TextContent(big)}
+		h.publish(schema.InputSubject("big", schema.KindTurn), last.ID, last)
+	}
+	ask := func(req schema.HistoryRequest) (schema.HistoryReply, error) {
+		req.ConversationID = "big"
+		data, _ := json.Marshal(req)
+		msg, err := h.nc.Request(schema.SubjectHistory, data, 20*time.Second)
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
+		}
+		var rep schema.HistoryReply
+		return rep, schema.DecodeQueryReply(msg.Data, &rep)
+	}
+	_, err := ask(schema.HistoryRequest{View: schema.ViewFull, WaitFor: last.ID})
+	var qe *schema.QueryErrorBody
+	if !errors.As(err, &qe) || qe.Code != schema.QueryTooLarge || !strings.Contains(qe.Message, "bytes") {
+		t.Fatalf("whole history: %v, want too_large with the size", err)
+	}
+	var ids []string
+	cursor := ""
+	for page := 0; ; page++ {
+		rep, err := ask(schema.HistoryRequest{View: schema.ViewFull, Limit: 1, Cursor: cursor})
+		if err != nil {
+			t.Fatalf("page %d: %v", page, err)
+		}
+		if rep.Total != 3 || len(rep.Messages) != 1 {
+			t.Fatalf("page %d: %d messages of %d", page, len(rep.Messages), rep.Total)
+		}
+		ids = append(ids, rep.Messages[0].ID)
+		if rep.NextCursor == "" {
+			break
+		}
+		cursor = rep.NextCursor
+	}
+	if len(ids) != 3 || ids[2] != last.ID {
+		t.Fatalf("pages gave %v", ids)
+	}
+	if _, err := ask(schema.HistoryRequest{View: schema.ViewFull, Limit: 1, Cursor: "2.not-the-id"}); !errors.As(err, &qe) || qe.Code != schema.QueryBadRequest {
+		t.Fatalf("a cursor that does not continue the history: %v", err)
+	}
+}
+
+// The service never publishes a reply outside an inbox: a forged reply
+// subject cannot overwrite a profile or plant an event (issue 8).
+func TestForgedReplySubjectsChangeNothing(t *testing.T) {
+	h := start(t)
+	t1 := h.turn("victim", schema.RoleUser, 10)
+	h.history("victim", schema.ViewFull, t1.ID)
+	ctx := context.Background()
+	kv, err := bus.EnsureProfiles(ctx, h.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "default", []byte(`{"id":"default","context_window":4000}`)); err != nil {
+		t.Fatal(err)
+	}
+	before, err := kv.Get(ctx, "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	evBefore := len(h.events("victim"))
+	sub, err := h.nc.SubscribeSync("ctx.events.victim.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, _ := json.Marshal(schema.StatusRequest{ConversationID: "victim"})
+	for _, reply := range []string{"$KV.ctx_profiles.default", "ctx.events.victim.condense_context", "$JS.API.STREAM.DELETE.CTX_IN", "_INBOX.>", "_INBOX"} {
+		if err := h.nc.PublishMsg(&nats.Msg{Subject: schema.SubjectStatus, Reply: reply, Data: status}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A real query after the forged ones is answered, so they were handled.
+	h.status("victim")
+	after, err := kv.Get(ctx, "default")
+	if err != nil || after.Revision() != before.Revision() || string(after.Value()) != string(before.Value()) {
+		t.Fatalf("profile default changed: revision %d → %d (%v)", before.Revision(), after.Revision(), err)
+	}
+	if m, err := sub.NextMsg(200 * time.Millisecond); err == nil {
+		t.Fatalf("a reply landed on %s: %s", m.Subject, m.Data)
+	}
+	if n := len(h.events("victim")); n != evBefore {
+		t.Fatalf("CTX_EVENTS holds %d events for victim, %d before", n, evBefore)
+	}
+	if _, err := h.js.Stream(ctx, bus.StreamIn); err != nil {
+		t.Fatalf("CTX_IN: %v", err)
+	}
+	if n := h.metrics.Value("ctxpipe_queries_refused_total", ""); n != 5 {
+		t.Fatalf("%v queries refused, want 5", n)
+	}
+}
+
+func TestSafeReply(t *testing.T) {
+	for _, tc := range []struct {
+		subject string
+		ok      bool
+	}{
+		{"_INBOX.abc.def", true},
+		{"_INBOX_acme.abc", true},
+		{"_R_.xyz.abc", true},
+		{"_INBOX.>", false},
+		{"_INBOX.*", false},
+		{"_INBOX", false},
+		{"_INBOX.", false},
+		{"_INBOXES", false},
+		{"$KV.ctx_profiles.default", false},
+		{"$JS.API.STREAM.DELETE.CTX_IN", false},
+		{"ctx.events.x.rewind", false},
+		{"", false},
+	} {
+		if got := pipeline.SafeReply(tc.subject); got != tc.ok {
+			t.Errorf("SafeReply(%q) = %v, want %v", tc.subject, got, tc.ok)
+		}
+	}
+}
+
+// The runner survives its durable consumer being deleted under it: it
+// rebuilds the consumer and goes on, and inputs published meanwhile land
+// once and in order (issue 14). Before, it returned and never fetched again.
+func TestRunnerRebuildsDeletedConsumer(t *testing.T) {
+	h := start(t)
+	var sent []string
+	for round := range 3 {
+		for range 5 {
+			sent = append(sent, h.turn("survivor", schema.RoleUser, 10).ID)
+		}
+		h.history("survivor", schema.ViewFull, sent[len(sent)-1])
+		if ok, why := h.runner.Ready(); !ok {
+			t.Fatalf("round %d: not ready before the delete: %s", round, why)
+		}
+		if err := h.js.DeleteConsumer(context.Background(), bus.StreamIn, "ctxpipe"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 5 {
+		sent = append(sent, h.turn("survivor", schema.RoleUser, 10).ID)
+	}
+	full := h.history("survivor", schema.ViewFull, sent[len(sent)-1])
+	var got []string
+	for _, m := range full {
+		got = append(got, m.ID)
+	}
+	if !slices.Equal(got, sent) {
+		t.Fatalf("stored %d turns, sent %d: not each once and in order", len(got), len(sent))
+	}
+	if n := h.metrics.Value("ctxpipe_consumer_rebuilds_total", ""); n < 1 {
+		t.Fatalf("rebuilds %v", n)
+	}
+	cons, err := h.js.Consumer(context.Background(), bus.StreamIn, "ctxpipe")
+	if err != nil {
+		t.Fatalf("consumer after the deletes: %v", err)
+	}
+	if cons.CachedInfo().Config.AckPolicy != jetstream.AckExplicitPolicy {
+		t.Fatal("rebuilt consumer lost its config")
+	}
+}
+
+// Profiles the watch has not delivered are read from the bucket before a
+// turn is rejected unknown_profile (issue 7, item 15).
+func TestLookupReadsProfilesTheWatchMissed(t *testing.T) {
+	ctx := context.Background()
+	_, url := natstest.Run(t)
+	js, err := jetstream.New(natstest.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := bus.EnsureProfiles(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	ps, err := pipeline.WatchProfiles(watchCtx, kv, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopWatch() // the watch sees nothing from now on, as after a broker restart
+	time.Sleep(50 * time.Millisecond)
+	p := schema.Profile{ID: "late", ContextWindow: 8000, MaxTokens: 100}
+	b, _ := schema.Marshal(p)
+	if _, err := kv.Put(ctx, "late", b); err != nil {
+		t.Fatal(err)
+	}
+	got, ok, err := ps.Lookup(ctx, "late")
+	if err != nil || !ok || got.ContextWindow != 8000 {
+		t.Fatalf("Lookup(late) = %+v %v %v", got, ok, err)
+	}
+	if _, ok, err := ps.Lookup(ctx, "never"); ok || err != nil {
+		t.Fatalf("Lookup(never) = %v %v", ok, err)
+	}
+	ids := ps.IDs()
+	sort.Strings(ids)
+	if !slices.Contains(ids, "late") {
+		t.Fatalf("ids %v", ids)
+	}
+}
