@@ -49,24 +49,24 @@ type Config struct {
 	// Replicas of the streams and buckets ctxpipe creates (1 for one
 	// server, 3 for a cluster). Starting never lowers an existing stream's.
 	Replicas int
-	NATS         bus.ConnConfig
-	Globals      schema.Globals
-	Pipeline     pipeline.Config
+	NATS     bus.ConnConfig
+	Globals  schema.Globals
+	Pipeline pipeline.Config
 }
 
 // DefaultConfig runs everything embedded under ./data.
 func DefaultConfig() Config {
 	return Config{
-		DataDir:   "data",
-		Listen:    "127.0.0.1:4222",
-		HTTP:      "127.0.0.1:9464",
+		DataDir:    "data",
+		Listen:     "127.0.0.1:4222",
+		HTTP:       "127.0.0.1:9464",
 		LogLevel:   "info",
 		LogFormat:  "text",
 		Retention:  7 * 24 * time.Hour,
 		Replicas:   1,
 		PruneEvery: time.Hour,
-		Globals:   schema.DefaultGlobals(),
-		Pipeline:  pipeline.DefaultConfig(),
+		Globals:    schema.DefaultGlobals(),
+		Pipeline:   pipeline.DefaultConfig(),
 	}
 }
 
@@ -88,8 +88,8 @@ type Main struct {
 	runDone     chan error
 	relayEnd    chan error
 
-	failed    chan error
-	httpAddr  string
+	failed   chan error
+	httpAddr string
 
 	closeOnce sync.Once
 	closeErr  error
