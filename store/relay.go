@@ -120,6 +120,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	// marked yet: read it back before the first publish.
 	r.reconciled = false
 	backoff := time.Duration(0)
+	failures := 0
 	for {
 		if r.s.closed.Load() {
 			return ErrClosed
@@ -130,8 +131,14 @@ func (r *Relay) Run(ctx context.Context) error {
 			return nil
 		}
 		var wait time.Duration
+		if err == nil && failures > 0 {
+			// Every failure line gets its recovery line.
+			r.log.Info("outbox relay recovered", "failed_rounds", failures, "published", n)
+			failures = 0
+		}
 		switch {
 		case err != nil:
+			failures++
 			backoff = min(max(2*backoff, r.opts.MinBackoff), r.opts.MaxBackoff)
 			wait = backoff
 			r.log.Warn("outbox relay round failed", "err", err, "retry_in", wait)
