@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -169,7 +171,8 @@ func TestRelayPublishesInOrderExactlyOnce(t *testing.T) {
 			js, st := eventStream(t)
 			s := openStore(t)
 			pub := &flakyPublisher{next: jsPublisher{js}, failures: tc.failures}
-			r := NewRelay(s, pub, nil, RelayOptions{BatchSize: tc.batch, MinBackoff: time.Millisecond,
+			var logs syncBuffer
+			r := NewRelay(s, pub, slog.New(slog.NewTextHandler(&logs, nil)), RelayOptions{BatchSize: tc.batch, MinBackoff: time.Millisecond,
 				MaxBackoff: 5 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 			want := commitEvents(t, s, 20)
 
@@ -187,6 +190,10 @@ func TestRelayPublishesInOrderExactlyOnce(t *testing.T) {
 			equalIDs(t, streamIDs(t, st), want)
 			if pub.calls < len(want)+tc.failures {
 				t.Fatalf("%d publish calls, want at least %d", pub.calls, len(want)+tc.failures)
+			}
+			failed, recovered := strings.Count(logs.String(), "round failed"), strings.Count(logs.String(), "relay recovered")
+			if (failed > 0) != (tc.failures > 0) || (failed > 0 && recovered != 1) {
+				t.Fatalf("%d failure lines and %d recovery lines, want a recovery line after the failures", failed, recovered)
 			}
 
 			// More commits after the first flush, announced with Notify.
