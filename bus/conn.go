@@ -34,12 +34,18 @@ type ConnConfig struct {
 	// Log receives every line about the connection (nil: slog.Default()),
 	// so they follow the service's --log-format and --log-level.
 	Log *slog.Logger
+	// InboxPrefix is the prefix of the connection's reply subjects
+	// (nats.CustomInboxPrefix). nats.conf lets each user subscribe only to
+	// its own, _INBOX_<user>, so that no user can read another's replies.
+	// Empty: _INBOX_<User> when User is set, else the library's _INBOX.
+	InboxPrefix string
 }
 
 // RegisterFlags registers --nats-url, --nats-user, --nats-password,
-// --nats-token, --nats-creds and --nats-nkey on fs. Their defaults come from
-// the environment (NATS_URL, NATS_USER, NATS_PASSWORD, NATS_TOKEN,
-// NATS_CREDS, NATS_NKEY), so secrets need not appear on a command line.
+// --nats-token, --nats-creds, --nats-nkey and --nats-inbox-prefix on fs.
+// Their defaults come from the environment (NATS_URL, NATS_USER,
+// NATS_PASSWORD, NATS_TOKEN, NATS_CREDS, NATS_NKEY, NATS_INBOX_PREFIX), so
+// secrets need not appear on a command line.
 func (c *ConnConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.URL, "nats-url", envOr("NATS_URL", nats.DefaultURL), "NATS server URL(s), comma-separated (env NATS_URL)")
 	fs.StringVar(&c.User, "nats-user", os.Getenv("NATS_USER"), "NATS user (env NATS_USER)")
@@ -47,6 +53,21 @@ func (c *ConnConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Token, "nats-token", os.Getenv("NATS_TOKEN"), "NATS token (env NATS_TOKEN)")
 	fs.StringVar(&c.CredsFile, "nats-creds", os.Getenv("NATS_CREDS"), "NATS credentials file (env NATS_CREDS)")
 	fs.StringVar(&c.NKeyFile, "nats-nkey", os.Getenv("NATS_NKEY"), "NATS nkey seed file (env NATS_NKEY)")
+	fs.StringVar(&c.InboxPrefix, "nats-inbox-prefix", os.Getenv("NATS_INBOX_PREFIX"), "prefix of reply subjects; default _INBOX_<user> with --nats-user, else _INBOX (env NATS_INBOX_PREFIX)")
+}
+
+// inboxPrefix is InboxPrefix, else _INBOX_<User> with every character a
+// subject token cannot hold replaced by '_', else "" (the library's).
+func (c ConnConfig) inboxPrefix() string {
+	if c.InboxPrefix != "" || c.User == "" {
+		return c.InboxPrefix
+	}
+	return "_INBOX_" + strings.Map(func(r rune) rune {
+		if r == '-' || r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
+			return r
+		}
+		return '_'
+	}, c.User)
 }
 
 func envOr(key, def string) string {
@@ -142,6 +163,9 @@ func (c ConnConfig) Options() ([]nats.Option, error) {
 	}
 	if n > 1 {
 		return nil, errors.New("nats: set only one of user/password, token, creds or nkey")
+	}
+	if p := c.inboxPrefix(); p != "" {
+		opts = append(opts, nats.CustomInboxPrefix(p))
 	}
 	return opts, nil
 }
