@@ -29,6 +29,12 @@ type Counter struct {
 // ImageTokensWithoutData is the estimate for an image that has no inline data.
 const ImageTokensWithoutData = 300
 
+// MaxCount is the largest count this package returns: counts saturate there
+// instead of wrapping. It is schema.MaxTokenCount, larger than any valid
+// context window, so a message that reaches it still reads as too large;
+// and the engine's sums of counts this size cannot overflow an int.
+const MaxCount = schema.MaxTokenCount
+
 // Content counts a message's content: the sum over its blocks, times the
 // fudge factor, rounded up. A string counts as one text block.
 func (c Counter) Content(content schema.Content) int {
@@ -45,22 +51,34 @@ func (c Counter) String(s string) int { return c.fudged(c.count(s)) }
 func (c Counter) Blocks(blocks []schema.Block) int { return c.blocks(blocks) }
 
 func (c Counter) fudged(n int) int {
-	if n == 0 {
+	if n <= 0 {
 		return 0
 	}
 	f := c.Fudge
-	if f <= 0 {
+	if !(f > 0) { // zero, negative or NaN: no factor
 		f = 1
 	}
-	return int(math.Ceil(float64(n) * f))
+	// The product is clamped while it is still a float (+Inf included):
+	// converting a float beyond the int range to int gives MinInt64 on amd64.
+	v := math.Ceil(float64(n) * f)
+	if v >= MaxCount {
+		return MaxCount
+	}
+	return int(v)
 }
+
+// add is a + b for counts in [0, MaxCount], saturating at MaxCount.
+func add(a, b int) int { return min(a+b, MaxCount) }
 
 func (c Counter) count(s string) int {
 	if s == "" {
 		return 0
 	}
-	return c.Text.Count(s)
+	return clamp(c.Text.Count(s))
 }
+
+// clamp puts a count from a TextCounter into [0, MaxCount].
+func clamp(n int) int { return max(0, min(n, MaxCount)) }
 
 func (c Counter) blocks(blocks []schema.Block) int {
 	total := 0
@@ -68,13 +86,13 @@ func (c Counter) blocks(blocks []schema.Block) int {
 		b := &blocks[i]
 		switch b.Type {
 		case schema.BlockText:
-			total += c.count(b.Text)
+			total = add(total, c.count(b.Text))
 		case schema.BlockImage:
-			total += ImageTokens(b.Source)
+			total = add(total, ImageTokens(b.Source))
 		case schema.BlockToolUse:
-			total += c.count(SerializeToolUse(b))
+			total = add(total, c.count(SerializeToolUse(b)))
 		case schema.BlockToolResult:
-			total += c.count(SerializeToolResult(b))
+			total = add(total, c.count(SerializeToolResult(b)))
 		}
 		// Reasoning blocks are not counted, as in Roo: providers that return
 		// reasoning (DeepSeek) do not feed earlier reasoning back as input.
@@ -87,7 +105,7 @@ func ImageTokens(src *schema.ImageSource) int {
 	if src == nil || src.Data == "" {
 		return ImageTokensWithoutData
 	}
-	return int(math.Ceil(math.Sqrt(float64(len(src.Data)))))
+	return clamp(int(math.Ceil(math.Sqrt(float64(len(src.Data))))))
 }
 
 // SerializeToolUse renders a tool call as it is counted:
@@ -186,5 +204,5 @@ func (Chars) Count(s string) int {
 		other++
 		i += size
 	}
-	return int(math.Ceil(float64(ascii)*0.25 + float64(other)*1.3))
+	return int(min(math.Ceil(float64(ascii)*0.25+float64(other)*1.3), MaxCount))
 }
