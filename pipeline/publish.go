@@ -115,8 +115,11 @@ func (p JetStreamPublisher) PublishedAfter(ctx context.Context, seq uint64) ([]s
 		_ = st.DeleteConsumer(dctx, cons.CachedInfo().Name) // best effort: InactiveThreshold is the fallback
 	}()
 	var out []store.PublishedMsg
+	next := start // the lowest sequence not read yet
 	for {
-		batch, err := cons.Fetch(int(min(last-start+1, 512)), jetstream.FetchMaxWait(2*time.Second))
+		// Ask for no more than remain, or the fetch waits out its MaxWait
+		// for messages that will never come.
+		batch, err := cons.Fetch(int(min(last-next+1, 512)), jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
 			return nil, 0, fmt.Errorf("stream %s: read after seq %d: %w", name, seq, err)
 		}
@@ -133,6 +136,7 @@ func (p JetStreamPublisher) PublishedAfter(ctx context.Context, seq uint64) ([]s
 				done = true
 				continue
 			}
+			next = s + 1
 			out = append(out, store.PublishedMsg{MsgID: m.Headers().Get(nats.MsgIdHdr), Seq: s})
 			if s == last {
 				done = true

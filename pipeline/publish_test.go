@@ -270,3 +270,31 @@ func TestProgressIsNotAnEvent(t *testing.T) {
 		t.Fatalf("CTX_EVENTS holds %d messages, want none", len(ids))
 	}
 }
+
+// BenchmarkPublishedAfter times the relay's look at CTX_EVENTS at its widest:
+// DefaultScanLimit messages of 1 KiB, headers only.
+func BenchmarkPublishedAfter(b *testing.B) {
+	_, url := natstest.Run(b)
+	js, err := jetstream.New(natstest.Connect(b, url))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, bus.EventsStreamConfig()); err != nil {
+		b.Fatal(err)
+	}
+	data := make([]byte, 1024)
+	for i := range pipeline.DefaultScanLimit {
+		if _, err := js.PublishAsync(fmt.Sprintf("ctx.events.c%d.condense_failed", i%10), data, jetstream.WithMsgID(uuid.NewString())); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-js.PublishAsyncComplete()
+	pub := pipeline.JetStreamPublisher{JS: js}
+	for b.Loop() {
+		msgs, last, err := pub.PublishedAfter(ctx, 0)
+		if err != nil || len(msgs) != pipeline.DefaultScanLimit || last != uint64(pipeline.DefaultScanLimit) {
+			b.Fatalf("PublishedAfter = %d msgs, last %d, %v", len(msgs), last, err)
+		}
+	}
+}
