@@ -65,6 +65,16 @@ func BlockContent(b ...Block) Content { return Content{Blocks: b, IsBlocks: true
 
 // UnmarshalJSON accepts a JSON string or an array of blocks.
 func (c *Content) UnmarshalJSON(b []byte) error {
+	return unmarshalContent(c, b, func(b []byte) ([]Block, error) {
+		var blocks []Block
+		err := json.Unmarshal(b, &blocks)
+		return blocks, err
+	})
+}
+
+// unmarshalContent decodes either form of content; blocks decodes the array
+// form, so that inputs can use a stricter block decoder than stored messages.
+func unmarshalContent(c *Content, b []byte, blocks func([]byte) ([]Block, error)) error {
 	b = bytes.TrimLeft(b, " \t\r\n")
 	if len(b) == 0 {
 		return fmt.Errorf("content: empty")
@@ -80,11 +90,11 @@ func (c *Content) UnmarshalJSON(b []byte) error {
 		}
 		return json.Unmarshal(b, &c.Text)
 	case '[':
-		var blocks []Block
-		if err := json.Unmarshal(b, &blocks); err != nil {
+		bl, err := blocks(b)
+		if err != nil {
 			return err
 		}
-		*c = Content{Blocks: blocks, IsBlocks: true}
+		*c = Content{Blocks: bl, IsBlocks: true}
 		if c.Blocks == nil {
 			c.Blocks = []Block{}
 		}
@@ -96,6 +106,74 @@ func (c *Content) UnmarshalJSON(b []byte) error {
 		return nil
 	}
 	return fmt.Errorf("content: want a string or an array of blocks")
+}
+
+// The input decoder. encoding/json hands a Content's bytes to its
+// UnmarshalJSON, which decodes them again, so every level of content nested
+// in content re-reads everything below it. A turn's content holds blocks,
+// and a tool_result's content holds blocks that carry no content of their
+// own, so an input is decoded with types that know their level and refuse a
+// third level as soon as they meet it, before reading it: decoding stays
+// linear in the payload's size. Each wire type embeds Block and shadows only
+// its content field, so fields added to Block are decoded as before.
+type (
+	// turnContent is a turn's content.
+	turnContent Content
+	// inputBlock is a block of a turn's content.
+	inputBlock struct {
+		Block
+		Content *innerContent `json:"content,omitempty"`
+	}
+	// innerContent is the content of a block of a turn (a tool_result's).
+	innerContent Content
+	// innerBlock is a block inside a tool_result: text or image.
+	innerBlock struct {
+		Block
+		Content *noContent `json:"content,omitempty"`
+	}
+	// noContent is the content of a block inside a tool_result: there is none.
+	noContent struct{}
+)
+
+func (c *turnContent) UnmarshalJSON(b []byte) error {
+	return unmarshalContent((*Content)(c), b, func(b []byte) ([]Block, error) {
+		var wire []inputBlock
+		if err := json.Unmarshal(b, &wire); err != nil {
+			return nil, err
+		}
+		if wire == nil {
+			return nil, nil
+		}
+		blocks := make([]Block, len(wire))
+		for i := range wire {
+			blocks[i] = wire[i].Block
+			blocks[i].Content = (*Content)(wire[i].Content)
+		}
+		return blocks, nil
+	})
+}
+
+func (c *innerContent) UnmarshalJSON(b []byte) error {
+	return unmarshalContent((*Content)(c), b, func(b []byte) ([]Block, error) {
+		var wire []innerBlock
+		if err := json.Unmarshal(b, &wire); err != nil {
+			return nil, err
+		}
+		if wire == nil {
+			return nil, nil
+		}
+		blocks := make([]Block, len(wire))
+		for i := range wire {
+			blocks[i] = wire[i].Block // wire[i].Content is nil: noContent refuses any other value
+		}
+		return blocks, nil
+	})
+}
+
+// UnmarshalJSON refuses every value but null, which encoding/json sets
+// without calling it. It does not look at b, so what is below is never read.
+func (*noContent) UnmarshalJSON([]byte) error {
+	return Errorf(ReasonBadBlock, "a block inside a tool_result cannot carry content of its own")
 }
 
 // MarshalJSON writes the form the content arrived in.

@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/ctxpipe/ctxpipe/schema"
 )
@@ -68,6 +70,20 @@ func seedConv(data []byte) string {
 
 func FuzzDecodeInput(f *testing.F) {
 	addTurnSeeds(f, func(conv string, data []byte) { f.Add(conv, data) })
+	// Issue 7's hostile shapes, small, for the fuzzer to mutate.
+	for _, h := range [][]byte{
+		deepToolResult(4 << 10),
+		toolUseTurn(nestValue(schema.MaxToolInputDepth)),
+		toolUseTurn(nestValue(schema.MaxToolInputDepth + 1)),
+		toolUseTurn(`{"p":"` + "\xe9\xff" + `","s":"\udc00"}`),
+		rawTurn(`[{"type":"tool_result","tool_use_id":"a","content":[{"type":"text","text":"x","content":[{"type":"text"}]}]}]`),
+		rawTurn(`"` + strings.Repeat("[{", 50) + `\"\\"`),
+	} {
+		f.Add("task-42", h)
+	}
+	f.Add("_invalid", []byte(`{"id":"`+testID+`","conversation_id":"_invalid","ts":5,"role":"user","content":"x"}`))
+	f.Add("task-42", []byte(`{"id":"`+testID+`","conversation_id":"task-42","ts":5,"role":"assistant","content":"x",`+
+		`"usage":{"input_tokens":9223372036854775807,"output_tokens":9223372036854775807}}`))
 	f.Fuzz(func(t *testing.T, conv string, data []byte) {
 		subject := schema.InputSubject(conv, schema.KindTurn)
 		in, err := schema.DecodeInput(subject, data)
@@ -80,9 +96,16 @@ func FuzzDecodeInput(f *testing.F) {
 		if in.Turn == nil || in.ID != in.Turn.ID || in.TS != in.Turn.TS || in.ConversationID != conv {
 			t.Fatalf("input header disagrees with its turn: %+v", in)
 		}
+		if u := in.Turn.Usage; u != nil && (u.Total() <= 0 || u.Total() > schema.MaxTokenCount) {
+			t.Fatalf("accepted a usage out of bounds: %+v", *u)
+		}
 		enc1, err := schema.Marshal(in.Turn)
 		if err != nil {
 			t.Fatalf("encode a decoded turn: %v", err)
+		}
+		// What is stored must be readable by every JSON reader.
+		if !utf8.Valid(enc1) || !json.Valid(enc1) {
+			t.Fatalf("stored form is not UTF-8 JSON: %q", enc1)
 		}
 		again, err := schema.DecodeInput(subject, enc1)
 		if err != nil {

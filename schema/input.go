@@ -3,7 +3,6 @@ package schema
 import (
 	"bytes"
 	"encoding/json"
-	"regexp"
 	"strings"
 
 	"github.com/google/uuid"
@@ -36,11 +35,46 @@ const (
 	EventSubjectPrefix = "ctx.events."
 )
 
-var convIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+// MaxConversationIDLen bounds a conversation id (and any subject token
+// ctxpipe builds from one).
+const MaxConversationIDLen = 128
 
-// ValidConversationID reports whether id is 1–128 characters of [A-Za-z0-9_-],
-// which makes it safe as a NATS subject token.
-func ValidConversationID(id string) bool { return convIDPattern.MatchString(id) }
+// InvalidConversationID is the conversation an input_rejected event is filed
+// under when the input's own conversation id cannot be read (a bad subject),
+// so that the event still has a valid subject. It starts with '_', which no
+// client's conversation id may, so no real conversation can receive it.
+const InvalidConversationID = "_invalid"
+
+// ValidConversationID reports whether id may name a conversation: 1–128
+// characters of [A-Za-z0-9_-], which makes it safe as a NATS subject token,
+// not starting with '_'. Ids starting with '_' are reserved for the service
+// (InvalidConversationID is one); an input, query or profile that names one
+// is rejected with bad_conversation_id.
+func ValidConversationID(id string) bool {
+	return ValidSubjectToken(id) && id[0] != '_'
+}
+
+// ValidSubjectToken reports whether s is 1–128 characters of [A-Za-z0-9_-]:
+// safe as one token of a subject ctxpipe builds, such as the conversation of
+// ctx.events.<conv>.<type>. Unlike ValidConversationID it accepts the
+// service's reserved ids, so it is the check for events the service makes,
+// never for ids a client sends.
+func ValidSubjectToken(s string) bool {
+	if len(s) == 0 || len(s) > MaxConversationIDLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// convIDRule completes a bad_conversation_id message.
+const convIDRule = "must be 1-128 characters of [A-Za-z0-9_-], not starting with _ (reserved for the service)"
 
 // InputSubject is the subject an input of kind k for conversation conv is published on.
 func InputSubject(conv string, k InputKind) string {
@@ -84,7 +118,7 @@ func ParseSubject(subject string) (conv string, kind InputKind, err error) {
 		return "", "", Errorf(ReasonBadSubject, "subject %q is not ctx.in.<conv>.<kind>", subject)
 	}
 	if !ValidConversationID(conv) {
-		return "", "", Errorf(ReasonBadConversationID, "conversation id %q must be 1-128 characters of [A-Za-z0-9_-]", conv)
+		return "", "", Errorf(ReasonBadConversationID, "conversation id %q %s", conv, convIDRule)
 	}
 	switch kind = InputKind(k); kind {
 	case KindTurn, KindCondense, KindOverflow, KindRewind:
@@ -117,12 +151,26 @@ func DecodeInput(subject string, data []byte) (Input, error) {
 	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) == 0 || t[0] != '{' {
 		return Input{}, Errorf(ReasonInvalidJSON, "payload must be a JSON object")
 	}
+	// Before any decoding: the nesting bound keeps json.Unmarshal linear
+	// (Content re-decodes what is below it once per level), and the bytes
+	// stored must be UTF-8 for every reader of the history.
+	if err := checkEncoding(data, MaxPayloadDepth); err != nil {
+		return Input{}, err
+	}
 	in := Input{Kind: kind, ConversationID: conv}
 	if kind == KindTurn {
-		var t Turn
-		if err := json.Unmarshal(data, &t); err != nil {
+		var w struct {
+			Turn
+			Content turnContent `json:"content"`
+		}
+		if err := json.Unmarshal(data, &w); err != nil {
+			if ReasonOf(err) != "" {
+				return Input{}, err // a rule the content decoder enforces as it reads
+			}
 			return Input{}, Errorf(ReasonInvalidJSON, "turn: %v", cleanJSONError(err))
 		}
+		t := w.Turn
+		t.Content = Content(w.Content)
 		if err := t.Validate(); err != nil {
 			return Input{}, err
 		}

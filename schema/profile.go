@@ -46,6 +46,21 @@ const (
 	DefaultProfileID = "default"
 )
 
+// Bounds on a profile's numbers, checked by Profile.Validate. Profiles come
+// from operators, but a typo must not turn into a wrapped count, an instant
+// timeout or a NaN cost. context_window and max_tokens are bounded by
+// MaxTokenCount.
+const (
+	// MaxFudgeFactor bounds fudge_factor, which must be in (0, 10] when set
+	// (0 or absent means DefaultFudgeFactor). Counts are multiplied by it.
+	MaxFudgeFactor = 10.0
+	// MaxLLMTimeoutSeconds bounds timeout_seconds of llm and condense_llm:
+	// an hour, far above any summarization request.
+	MaxLLMTimeoutSeconds = 3600
+	// MaxPricePerMTok bounds each price, in USD per million tokens.
+	MaxPricePerMTok = 10_000.0
+)
+
 // LLMConfig says which OpenAI-compatible endpoint and model to use.
 type LLMConfig struct {
 	BaseURL   string `json:"base_url,omitempty"`
@@ -85,13 +100,16 @@ type Profile struct {
 	Prices            Prices      `json:"prices,omitempty"`
 }
 
-// Validate checks the fields that cannot fall back to a default.
+// Validate checks the fields that cannot fall back to a default, and bounds
+// every number. condense_threshold is the exception: as in Roo, a value
+// outside 5..100 (other than -1) falls back to the global percent with a
+// warning (EffectiveThreshold), which every int does safely.
 func (p *Profile) Validate() error {
 	if p.ID == "" {
 		return Errorf(ReasonBadProfile, "profile needs an id")
 	}
-	if p.ContextWindow <= 0 {
-		return Errorf(ReasonBadProfile, "profile %q: context_window must be positive", p.ID)
+	if p.ContextWindow <= 0 || p.ContextWindow > MaxTokenCount {
+		return Errorf(ReasonBadProfile, "profile %q: context_window must be in [1, %d]", p.ID, MaxTokenCount)
 	}
 	if p.MaxTokens < 0 || p.MaxTokens >= p.ContextWindow {
 		return Errorf(ReasonBadProfile, "profile %q: max_tokens must be in [0, context_window)", p.ID)
@@ -106,8 +124,25 @@ func (p *Profile) Validate() error {
 	default:
 		return Errorf(ReasonBadProfile, "profile %q: unknown counter %q", p.ID, p.Counter)
 	}
-	if p.FudgeFactor < 0 {
-		return Errorf(ReasonBadProfile, "profile %q: fudge_factor must not be negative", p.ID)
+	// Written so that NaN fails too: every comparison with NaN is false.
+	if !(p.FudgeFactor >= 0 && p.FudgeFactor <= MaxFudgeFactor) {
+		return Errorf(ReasonBadProfile, "profile %q: fudge_factor must be in (0, %g], or 0 for the default", p.ID, MaxFudgeFactor)
+	}
+	for _, l := range []struct {
+		name string
+		c    LLMConfig
+	}{{"llm", p.LLM}, {"condense_llm", p.CondenseLLM}} {
+		if l.c.TimeoutSeconds < 0 || l.c.TimeoutSeconds > MaxLLMTimeoutSeconds {
+			return Errorf(ReasonBadProfile, "profile %q: %s.timeout_seconds must be in [0, %d]", p.ID, l.name, MaxLLMTimeoutSeconds)
+		}
+	}
+	for _, pr := range []struct {
+		name string
+		v    float64
+	}{{"input_per_mtok", p.Prices.InputPerMTok}, {"output_per_mtok", p.Prices.OutputPerMTok}} {
+		if !(pr.v >= 0 && pr.v <= MaxPricePerMTok) {
+			return Errorf(ReasonBadProfile, "profile %q: prices.%s must be in [0, %g]", p.ID, pr.name, MaxPricePerMTok)
+		}
 	}
 	return nil
 }

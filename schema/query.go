@@ -42,7 +42,8 @@ const (
 )
 
 // MaxQueryTimeout bounds a request's timeout_ms, so that a client cannot park
-// a responder goroutine for ever.
+// a responder goroutine for ever. A larger timeout_ms is not an error: it
+// waits MaxQueryTimeout. A negative one is bad_request.
 const MaxQueryTimeout = 60 * time.Second
 
 // HistoryRequest is the body of a ctx.q.history request.
@@ -68,7 +69,7 @@ const MaxHistoryLimit = 100_000
 // A non-nil error is a *QueryErrorBody with code bad_request.
 func (r *HistoryRequest) Validate() error {
 	if !ValidConversationID(r.ConversationID) {
-		return QueryErrorf(QueryBadRequest, "conversation_id %q must be 1-128 characters of [A-Za-z0-9_-]", r.ConversationID)
+		return QueryErrorf(QueryBadRequest, "conversation_id %q %s", r.ConversationID, convIDRule)
 	}
 	switch r.View {
 	case "":
@@ -95,13 +96,15 @@ func (r *HistoryRequest) Validate() error {
 }
 
 // Timeout is how long a wait_for may wait: timeout_ms, or def when it is
-// unset, capped at MaxQueryTimeout.
+// unset, capped at MaxQueryTimeout. timeout_ms is capped before it becomes a
+// Duration: 1e13 ms in nanoseconds does not fit in an int64 and would wrap
+// to a negative, that is instant, timeout.
 func (r *HistoryRequest) Timeout(def time.Duration) time.Duration {
 	d := def
 	if r.TimeoutMS > 0 {
-		d = time.Duration(r.TimeoutMS) * time.Millisecond
+		d = time.Duration(min(r.TimeoutMS, MaxQueryTimeout.Milliseconds())) * time.Millisecond
 	}
-	return min(d, MaxQueryTimeout)
+	return max(min(d, MaxQueryTimeout), 0)
 }
 
 // HistoryReply is the reply to ctx.q.history.
@@ -123,7 +126,7 @@ type StatusRequest struct {
 // Validate checks the request. A non-nil error is a *QueryErrorBody.
 func (r *StatusRequest) Validate() error {
 	if !ValidConversationID(r.ConversationID) {
-		return QueryErrorf(QueryBadRequest, "conversation_id %q must be 1-128 characters of [A-Za-z0-9_-]", r.ConversationID)
+		return QueryErrorf(QueryBadRequest, "conversation_id %q %s", r.ConversationID, convIDRule)
 	}
 	return nil
 }

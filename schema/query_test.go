@@ -3,6 +3,7 @@ package schema
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"testing"
 	"time"
 )
@@ -23,6 +24,9 @@ func TestHistoryRequestValidate(t *testing.T) {
 		{"subject-unsafe conversation", HistoryRequest{ConversationID: "a.b"}, QueryBadRequest, ""},
 		{"wait_for not a uuid", HistoryRequest{ConversationID: "c", WaitFor: "turn-1"}, QueryBadRequest, ""},
 		{"negative timeout", HistoryRequest{ConversationID: "c", TimeoutMS: -1}, QueryBadRequest, ""},
+		{"most negative timeout", HistoryRequest{ConversationID: "c", TimeoutMS: math.MinInt64}, QueryBadRequest, ""},
+		{"huge timeout is capped, not refused", HistoryRequest{ConversationID: "c", TimeoutMS: 1e13}, "", ViewEffective},
+		{"reserved conversation", HistoryRequest{ConversationID: InvalidConversationID}, QueryBadRequest, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -52,6 +56,14 @@ func TestHistoryRequestTimeout(t *testing.T) {
 		{0, 5 * time.Second},
 		{250, 250 * time.Millisecond},
 		{10 * 60 * 1000, MaxQueryTimeout},
+		{MaxQueryTimeout.Milliseconds(), MaxQueryTimeout},
+		{MaxQueryTimeout.Milliseconds() - 1, MaxQueryTimeout - time.Millisecond},
+		// The campaign's 1e13 ms wrapped to a negative Duration, an
+		// instant timeout; it waits the longest allowed instead.
+		{1e13, MaxQueryTimeout},
+		{math.MaxInt64, MaxQueryTimeout},
+		{math.MaxInt64 / int64(time.Millisecond), MaxQueryTimeout},
+		{math.MaxInt64/int64(time.Millisecond) + 1, MaxQueryTimeout},
 	}
 	for _, tt := range tests {
 		r := HistoryRequest{TimeoutMS: tt.ms}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -314,6 +315,28 @@ func TestProfileValidate(t *testing.T) {
 		{"unknown strategy", schema.Profile{ID: "p", ContextWindow: 1000, Strategy: "shrink"}, false},
 		{"unknown counter", schema.Profile{ID: "p", ContextWindow: 1000, Counter: "words"}, false},
 		{"negative fudge", schema.Profile{ID: "p", ContextWindow: 1000, FudgeFactor: -1}, false},
+		// Issue 7: fudge_factor 1e18 stored MinInt64 tokens for every message.
+		{"fudge 1e18", schema.Profile{ID: "p", ContextWindow: 1000, FudgeFactor: 1e18}, false},
+		{"fudge just over the cap", schema.Profile{ID: "p", ContextWindow: 1000, FudgeFactor: schema.MaxFudgeFactor + 0.001}, false},
+		{"fudge at the cap", schema.Profile{ID: "p", ContextWindow: 1000, FudgeFactor: schema.MaxFudgeFactor}, true},
+		{"tiny fudge", schema.Profile{ID: "p", ContextWindow: 1000, FudgeFactor: 0.01}, true},
+		{"fudge NaN", schema.Profile{ID: "p", ContextWindow: 1000, FudgeFactor: math.NaN()}, false},
+		{"fudge +Inf", schema.Profile{ID: "p", ContextWindow: 1000, FudgeFactor: math.Inf(1)}, false},
+		{"fudge -Inf", schema.Profile{ID: "p", ContextWindow: 1000, FudgeFactor: math.Inf(-1)}, false},
+		{"window at the cap", schema.Profile{ID: "p", ContextWindow: schema.MaxTokenCount, MaxTokens: schema.MaxTokenCount - 1}, true},
+		{"window over the cap", schema.Profile{ID: "p", ContextWindow: schema.MaxTokenCount + 1}, false},
+		{"window max int", schema.Profile{ID: "p", ContextWindow: math.MaxInt}, false},
+		{"negative window", schema.Profile{ID: "p", ContextWindow: -5}, false},
+		{"max_tokens over window", schema.Profile{ID: "p", ContextWindow: 1000, MaxTokens: math.MaxInt}, false},
+		{"llm timeout at the cap", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{TimeoutSeconds: schema.MaxLLMTimeoutSeconds}}, true},
+		{"llm timeout that would wrap a Duration", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{TimeoutSeconds: 1e13}}, false},
+		{"condense_llm timeout over the cap", schema.Profile{ID: "p", ContextWindow: 1000, CondenseLLM: schema.LLMConfig{TimeoutSeconds: schema.MaxLLMTimeoutSeconds + 1}}, false},
+		{"negative llm timeout", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{TimeoutSeconds: -1}}, false},
+		{"prices at the cap", schema.Profile{ID: "p", ContextWindow: 1000, Prices: schema.Prices{InputPerMTok: schema.MaxPricePerMTok, OutputPerMTok: 0}}, true},
+		{"negative price", schema.Profile{ID: "p", ContextWindow: 1000, Prices: schema.Prices{InputPerMTok: -1}}, false},
+		{"price NaN", schema.Profile{ID: "p", ContextWindow: 1000, Prices: schema.Prices{OutputPerMTok: math.NaN()}}, false},
+		{"price +Inf", schema.Profile{ID: "p", ContextWindow: 1000, Prices: schema.Prices{OutputPerMTok: math.Inf(1)}}, false},
+		{"price over the cap", schema.Profile{ID: "p", ContextWindow: 1000, Prices: schema.Prices{InputPerMTok: 1e300}}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -336,8 +359,16 @@ func TestProfileValidate(t *testing.T) {
 	if p.AutoCondenseOr(schema.DefaultGlobals()) {
 		t.Errorf("auto_condense false did not override the global")
 	}
-	if _, err := schema.DecodeProfile([]byte(`{"id":"p","context_window":0}`)); schema.ReasonOf(err) != schema.ReasonBadProfile {
-		t.Errorf("DecodeProfile of a bad profile: %v", err)
+	for _, bad := range []string{
+		`{"id":"p","context_window":0}`,
+		`{"id":"p","context_window":1000,"fudge_factor":1e18}`,
+		`{"id":"p","context_window":9223372036854775807}`,
+		`{"id":"p","context_window":1000,"llm":{"timeout_seconds":10000000000000}}`,
+		`{"id":"p","context_window":1000,"prices":{"input_per_mtok":1e308,"output_per_mtok":0}}`,
+	} {
+		if _, err := schema.DecodeProfile([]byte(bad)); schema.ReasonOf(err) != schema.ReasonBadProfile {
+			t.Errorf("DecodeProfile(%s): %v, want bad_profile", bad, err)
+		}
 	}
 	got, err := schema.DecodeProfile([]byte(`{"id":"claude-sonnet","context_window":200000,"max_tokens":8192,` +
 		`"auto_condense":true,"condense_threshold":-1,"strategy":"keep_tail","fudge_factor":1.5,"custom_prompt":"",` +
@@ -368,6 +399,8 @@ func TestEffectiveThreshold(t *testing.T) {
 		{"zero falls back", ptr(0), 80, true},
 		{"above range falls back, no clamping", ptr(101), 80, true},
 		{"-2 falls back", ptr(-2), 80, true},
+		{"max int falls back", ptr(math.MaxInt), 80, true},
+		{"min int falls back", ptr(math.MinInt), 80, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,5 +1,7 @@
 package schema
 
+import "math"
+
 // Role is who spoke a turn.
 type Role string
 
@@ -12,13 +14,28 @@ const (
 
 // Usage is what the provider reported for the request that produced an
 // assistant turn. When present it is the ground truth for the context size.
+// Turn.Validate bounds each field and their sum by MaxTokenCount.
 type Usage struct {
 	InputTokens  int `json:"input_tokens"`
 	OutputTokens int `json:"output_tokens"`
 }
 
-// Total is the context size the provider saw: the prompt plus the reply.
-func (u Usage) Total() int { return u.InputTokens + u.OutputTokens }
+// Total is the context size the provider saw: the prompt plus the reply. It
+// saturates instead of wrapping, so even a usage that was never validated
+// cannot come out negative (or positive from two negatives).
+func (u Usage) Total() int { return addSat(u.InputTokens, u.OutputTokens) }
+
+// addSat is a + b clamped to the int range.
+func addSat(a, b int) int {
+	s := a + b
+	switch {
+	case a > 0 && b > 0 && s < 0:
+		return math.MaxInt
+	case a < 0 && b < 0 && s >= 0:
+		return math.MinInt
+	}
+	return s
+}
 
 // TurnSchemaID names the JSON Schema of a Turn (schema/turn.schema.json).
 const TurnSchemaID = "ctxpipe.turn.v1"

@@ -10,7 +10,7 @@ func (t *Turn) Validate() error {
 		return err
 	}
 	if !ValidConversationID(t.ConversationID) {
-		return Errorf(ReasonBadConversationID, "conversation_id %q must be 1-128 characters of [A-Za-z0-9_-]", t.ConversationID)
+		return Errorf(ReasonBadConversationID, "conversation_id %q %s", t.ConversationID, convIDRule)
 	}
 	if t.TS <= 0 {
 		return Errorf(ReasonBadTS, "ts must be a positive Unix time in milliseconds")
@@ -20,16 +20,30 @@ func (t *Turn) Validate() error {
 	default:
 		return Errorf(ReasonBadRole, "role must be %q or %q, got %q", RoleUser, RoleAssistant, t.Role)
 	}
-	if t.Usage != nil && (t.Usage.InputTokens < 0 || t.Usage.OutputTokens < 0) {
-		return Errorf(ReasonBadUsage, "usage token counts must not be negative")
-	}
-	if t.Usage != nil && t.Usage.Total() == 0 {
-		// It would set the context size to zero: a provider never reports that.
-		return Errorf(ReasonBadUsage, "usage reports no tokens; leave it out when it is unknown")
+	if err := t.Usage.validate(); err != nil {
+		return err
 	}
 	for i := range t.Content.Blocks {
 		if err := t.Content.Blocks[i].validate(t.Role, false); err != nil {
 			return Errorf(ReasonOf(err), "content[%d]: %s", i, err.(*Error).Message)
+		}
+	}
+	return checkInputDepth(t.Content.Blocks)
+}
+
+// checkInputDepth rejects a tool input nested deeper than MaxToolInputDepth
+// in any block, however it is placed: a stray input on a block that is not a
+// tool_use is stored (and read back) too.
+func checkInputDepth(blocks []Block) error {
+	for i := range blocks {
+		b := &blocks[i]
+		if len(b.Input) > 0 && jsonDepth(b.Input, MaxToolInputDepth) > MaxToolInputDepth {
+			return Errorf(ReasonBadEncoding, "tool input %q nests deeper than %d levels", b.ID, MaxToolInputDepth)
+		}
+		if b.Content != nil {
+			if err := checkInputDepth(b.Content.Blocks); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -95,4 +109,24 @@ func (b *Block) validate(role Role, nested bool) error {
 		return Errorf(ReasonUnknownBlockType, "block has no type")
 	}
 	return Errorf(ReasonUnknownBlockType, "unknown block type %q", fmt.Sprint(b.Type))
+}
+
+// validate bounds a usage: each count and their sum in [0, MaxTokenCount],
+// the sum not zero. The sum becomes the conversation's context size, so an
+// unbounded one would wrap into a negative size.
+func (u *Usage) validate() error {
+	if u == nil {
+		return nil
+	}
+	if u.InputTokens < 0 || u.OutputTokens < 0 {
+		return Errorf(ReasonBadUsage, "usage token counts must not be negative")
+	}
+	if u.InputTokens > MaxTokenCount || u.OutputTokens > MaxTokenCount || u.Total() > MaxTokenCount {
+		return Errorf(ReasonBadUsage, "usage token counts and their sum must be at most %d", MaxTokenCount)
+	}
+	if u.Total() == 0 {
+		// It would set the context size to zero: a provider never reports that.
+		return Errorf(ReasonBadUsage, "usage reports no tokens; leave it out when it is unknown")
+	}
+	return nil
 }
