@@ -202,3 +202,40 @@ func TestRunPrunerPrunesOnSchedule(t *testing.T) {
 		t.Fatalf("pruner log = %q, want the counts", out)
 	}
 }
+
+// RunPruner returns, with a line saying why, instead of spinning or logging
+// forever.
+func TestRunPrunerReturns(t *testing.T) {
+	tests := []struct {
+		name             string
+		every, retention time.Duration
+		closed           bool
+		log              string
+	}{
+		{"zero interval", 0, time.Hour, false, "must be positive"},
+		{"negative retention", time.Hour, -time.Hour, false, "must be positive"},
+		{"store closed", time.Millisecond, time.Hour, true, "store closed"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStore(t)
+			if tc.closed {
+				s.Close()
+			}
+			var logs syncBuffer
+			done := make(chan struct{})
+			go func() {
+				RunPruner(context.Background(), s, tc.every, tc.retention, slog.New(slog.NewTextHandler(&logs, nil)))
+				close(done)
+			}()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second): // bounds a pruner that never returns
+				t.Fatal("RunPruner did not return")
+			}
+			if !strings.Contains(logs.String(), tc.log) {
+				t.Fatalf("log = %q, want %q", logs.String(), tc.log)
+			}
+		})
+	}
+}
