@@ -166,14 +166,14 @@ func TestLargeHistoryIsPaged(t *testing.T) {
 	ask := func(req schema.HistoryRequest) (schema.HistoryReply, error) {
 		req.ConversationID = "big"
 		data, _ := json.Marshal(req)
-		msg, err := h.nc.Request(schema.SubjectHistory, data, 20*time.Second)
+		msg, err := h.nc.Request(schema.SubjectHistory, data, 70*time.Second)
 		if err != nil {
 			t.Fatalf("no answer: %v", err)
 		}
 		var rep schema.HistoryReply
 		return rep, schema.DecodeQueryReply(msg.Data, &rep)
 	}
-	_, err := ask(schema.HistoryRequest{View: schema.ViewFull, WaitFor: last.ID})
+	_, err := ask(schema.HistoryRequest{View: schema.ViewFull, WaitFor: last.ID, TimeoutMS: 60_000})
 	var qe *schema.QueryErrorBody
 	if !errors.As(err, &qe) || qe.Code != schema.QueryTooLarge || !strings.Contains(qe.Message, "bytes") {
 		t.Fatalf("whole history: %v, want too_large with the size", err)

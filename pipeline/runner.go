@@ -670,9 +670,6 @@ func (r *Runner) once(e *store.Entry, seen map[string]bool) *store.Entry {
 	return e
 }
 
-// invalidConv stands in for a conversation id that cannot be read, so the
-// rejection still has a valid event subject.
-const invalidConv = "_invalid"
 
 // rejection records an input that will not be applied, with its payload and
 // an input_rejected event. id is the input's own id when readable; otherwise
@@ -690,7 +687,7 @@ func (r *Runner) rejection(j *job, id string, cause error) store.Entry {
 	}
 	conv := j.conv
 	if !schema.ValidConversationID(conv) {
-		conv = invalidConv
+		conv = schema.InvalidConversationID
 	}
 	subject := j.msg.Subject()
 	kind := subject[strings.LastIndexByte(subject, '.')+1:]

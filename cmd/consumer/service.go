@@ -166,7 +166,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if err := os.MkdirAll(c.DataDir, 0o755); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
-	if err := m.connect(); err != nil {
+	if err := m.connect(ctx); err != nil {
 		return err
 	}
 	js, err := jetstream.New(m.nc)
@@ -206,7 +206,7 @@ func (m *Main) Run(ctx context.Context) error {
 	engine := stages.NewEngine(llm.NewRouter(llmCfg, log))
 	engine.Globals, engine.Log = c.Globals, log
 	engine.Progress = pipeline.ProgressPublisher(js, log)
-	m.relay = store.NewRelay(m.store, pipeline.JetStreamPublisher{JS: js}, log, store.RelayOptions{})
+	m.relay = store.NewRelay(m.store, pipeline.JetStreamPublisher{JS: js}, log, store.RelayOptions{DuplicateWindow: bus.DuplicateWindow})
 	m.runner, err = pipeline.New(c.Pipeline, pipeline.Deps{
 		JS: js, Store: m.store, Engine: engine, Profiles: profiles, Relay: m.relay, Log: log, Metrics: m.metrics,
 	})
@@ -279,10 +279,17 @@ func (m *Main) lock(ctx context.Context, js jetstream.JetStream, runCtx context.
 }
 
 // connect starts the embedded server, or connects to --nats-url.
-func (m *Main) connect() error {
+func (m *Main) connect(ctx context.Context) error {
 	c := m.Config
 	if c.NATS.URL != "" {
-		nc, err := bus.Connect(c.NATS, nats.Name("ctxpipe-consumer"))
+		// A broker that is down at start is waited for, with backoff and a
+		// log line per attempt, until ctx ends.
+		cfg := c.NATS
+		cfg.Log = m.Log
+		if cfg.Name == "" {
+			cfg.Name = "ctxpipe-consumer"
+		}
+		nc, err := bus.ConnectRetry(ctx, cfg)
 		if err != nil {
 			return err
 		}
@@ -410,6 +417,7 @@ func (m *Main) Ready() (bool, string) {
 func (m *Main) Failed() <-chan error { return m.failed }
 
 func (m *Main) fail(err error) {
+	m.Log.Error("service failed; exiting", "err", err)
 	select {
 	case m.failed <- err:
 	default:
