@@ -203,9 +203,10 @@ func toolBlocksToPreserve(msgs []schema.Message, keepStart int) (toolUses, reaso
 func planFreshStart(msgs []schema.Message, id string) (*CondensePlan, error) {
 	keepFrom := pendingTurn(msgs)
 	keep := idSet(msgs[keepFrom:])
-	var span []schema.Message
+	eff := EffectiveHistory(msgs)
+	span := eff[:0] // eff is ours: filter in place
 	last, agent := -1, 0 // the last summary in span; agent messages after it
-	for _, m := range EffectiveHistory(msgs) {
+	for _, m := range eff {
 		if keep[m.ID] {
 			continue
 		}

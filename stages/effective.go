@@ -15,8 +15,32 @@ import "github.com/ctxpipe/ctxpipe/schema"
 // rule serves all three strategies. Stored messages are never modified: the
 // result shares unchanged messages and copies the ones it edits.
 func EffectiveHistory(msgs []schema.Message) []schema.Message {
-	summaries, markers := liveIDs(msgs)
 	out := make([]schema.Message, 0, len(msgs))
+	walkEffective(msgs, func(m *schema.Message, answered map[string]bool) {
+		if answered == nil {
+			out = append(out, *m)
+			return
+		}
+		kept := make([]schema.Block, 0, len(m.Content.Blocks))
+		for _, b := range m.Content.Blocks {
+			if b.Type != schema.BlockToolResult || answered[b.ToolUseID] {
+				kept = append(kept, b)
+			}
+		}
+		c := *m
+		c.Content = schema.BlockContent(kept...)
+		out = append(out, c)
+	})
+	return out
+}
+
+// walkEffective visits each message of the effective history in order. When
+// the message loses some orphaned tool results (it keeps at least one
+// block), answered holds the calls made so far, to tell which results stay;
+// otherwise it is nil and the message goes as stored. The walk allocates only
+// its bookkeeping, so counting a context costs no copy of the history.
+func walkEffective(msgs []schema.Message, visit func(m *schema.Message, answered map[string]bool)) {
+	summaries, markers := liveIDs(msgs)
 	seenToolUse := map[string]bool{}
 	for i := range msgs {
 		m := &msgs[i]
@@ -29,32 +53,35 @@ func EffectiveHistory(msgs []schema.Message) []schema.Message {
 					seenToolUse[b.ID] = true
 				}
 			}
-			out = append(out, *m)
+			visit(m, nil)
 			continue
 		}
 		if !m.Content.HasBlock(schema.BlockToolResult) {
-			out = append(out, *m)
+			visit(m, nil)
 			continue
 		}
-		kept := make([]schema.Block, 0, len(m.Content.Blocks))
+		kept := 0
 		for _, b := range m.Content.Blocks {
-			if b.Type == schema.BlockToolResult && !seenToolUse[b.ToolUseID] {
-				continue
+			if b.Type != schema.BlockToolResult || seenToolUse[b.ToolUseID] {
+				kept++
 			}
-			kept = append(kept, b)
 		}
-		if len(kept) == len(m.Content.Blocks) {
-			out = append(out, *m)
-			continue
+		switch kept {
+		case 0: // only orphaned results: the message goes
+		case len(m.Content.Blocks):
+			visit(m, nil)
+		default:
+			visit(m, seenToolUse)
 		}
-		if len(kept) == 0 {
-			continue
-		}
-		c := *m
-		c.Content = schema.BlockContent(kept...)
-		out = append(out, c)
 	}
-	return out
+}
+
+// effectiveTokens is ContextTokens(systemTokens, EffectiveHistory(msgs))
+// without building the history.
+func effectiveTokens(systemTokens int, msgs []schema.Message) int {
+	n := systemTokens
+	walkEffective(msgs, func(m *schema.Message, _ map[string]bool) { n += m.Tokens })
+	return n
 }
 
 // liveIDs returns the condense ids of stored summaries and the truncation ids

@@ -219,7 +219,7 @@ func (r *run) condense(d Decision) (bool, error) {
 	// what the local count does not (tool definitions) or less than it (the
 	// fudge factor), so either would let a summary that grows the context
 	// pass.
-	before := ContextTokens(r.st.SystemTokens, EffectiveHistory(r.hist))
+	before := effectiveTokens(r.st.SystemTokens, r.hist)
 	plan, err := PlanCondense(r.hist, r.p, r.in.ID)
 	if err != nil {
 		var se *schema.Error
@@ -239,7 +239,7 @@ func (r *run) condense(d Decision) (bool, error) {
 		return fail(schema.ReasonEmptySummary, "the summarizer returned no text", sum.Cost)
 	}
 	c := plan.Finish(sum.Text, r.ctr.Content)
-	next := ContextTokens(r.st.SystemTokens, EffectiveHistory(c.History))
+	next := effectiveTokens(r.st.SystemTokens, c.History)
 	if err := VerifyShrink(before, next); err != nil {
 		return fail(schema.ReasonContextGrew, err.Error(), sum.Cost)
 	}
@@ -280,7 +280,7 @@ func (r *run) truncate(d Decision) {
 		return
 	}
 	r.merge(t.Changes, t.History)
-	next := ContextTokens(r.st.SystemTokens, EffectiveHistory(t.History))
+	next := effectiveTokens(r.st.SystemTokens, t.History)
 	r.st.ContextTokens = next
 	r.st.Truncations++
 	r.ch.Events = append(r.ch.Events, &schema.SlidingWindowTruncation{
@@ -308,8 +308,7 @@ func (r *run) rewind() error {
 	}
 	r.ch.Delete = rw.Changes.Delete
 	r.ch.Tags = rw.Changes.Tags
-	eff := EffectiveHistory(rw.History)
-	r.st.ContextTokens = ContextTokens(r.st.SystemTokens, eff)
+	r.st.ContextTokens = effectiveTokens(r.st.SystemTokens, rw.History)
 	r.st.Messages = len(rw.History)
 	r.st.Condensations, r.st.Truncations = 0, 0
 	for i := range rw.History {
