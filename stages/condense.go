@@ -204,7 +204,7 @@ func planFreshStart(msgs []schema.Message, id string) (*CondensePlan, error) {
 	keepFrom := pendingTurn(msgs)
 	keep := idSet(msgs[keepFrom:])
 	eff := EffectiveHistory(msgs)
-	span := eff[:0] // eff is ours: filter in place
+	span := eff[:0]      // eff is ours: filter in place
 	last, agent := -1, 0 // the last summary in span; agent messages after it
 	for _, m := range eff {
 		if keep[m.ID] {
