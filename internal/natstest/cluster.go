@@ -2,7 +2,6 @@ package natstest
 
 import (
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -36,6 +35,10 @@ type Cluster struct {
 	mu      sync.Mutex
 	servers []*server.Server // nil while a node is down
 	opts    []*server.Options
+	// Every connection to node i goes through clients[i] or routes[i]:
+	// their addresses are the node's for good, whatever ports it gets when
+	// it restarts, and Kill cuts them.
+	clients, routes []*proxy
 }
 
 // RunCluster starts a 3-node JetStream cluster on loopback ports and returns
@@ -45,66 +48,55 @@ func RunCluster(t testing.TB) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, name: "ctxpipe-test"}
 	t.Cleanup(c.shutdownAll)
-	// JetStream in a cluster needs its routes configured at start, so the
-	// cluster ports are taken from the kernel first, then released for the
-	// servers to bind a moment later. The client ports are the kernel's
-	// choice at start.
-	routes, err := freeRoutes(ClusterSize)
-	if err != nil {
-		t.Fatalf("natstest: cluster ports: %v", err)
+	for range ClusterSize {
+		cp, err := newProxy(false)
+		if err != nil {
+			t.Fatalf("natstest: proxy: %v", err)
+		}
+		rp, err := newProxy(true)
+		if err != nil {
+			cp.close()
+			t.Fatalf("natstest: proxy: %v", err)
+		}
+		c.clients = append(c.clients, cp)
+		c.routes = append(c.routes, rp)
 	}
 	for i := range ClusterSize {
 		o := &server.Options{
 			ServerName: fmt.Sprintf("n%d", i+1),
 			Host:       "127.0.0.1",
 			Port:       -1,
-			JetStream:  true,
-			StoreDir:   t.TempDir(),
-			MaxPayload: MaxPayload,
-			NoLog:      true,
-			NoSigs:     true,
+			// Clients and the other nodes learn the proxies' addresses.
+			ClientAdvertise: c.clients[i].addr(),
+			JetStream:       true,
+			StoreDir:        t.TempDir(),
+			MaxPayload:      MaxPayload,
+			NoLog:           true,
+			NoSigs:          true,
 			Cluster: server.ClusterOpts{
-				Name: c.name,
-				Host: "127.0.0.1",
-				Port: routes[i].Port,
+				Name:      c.name,
+				Host:      "127.0.0.1",
+				Port:      -1,
+				Advertise: c.routes[i].addr(),
 			},
 		}
-		for j, r := range routes {
+		for j, r := range c.routes {
 			if j != i {
-				o.Routes = append(o.Routes, &url.URL{Scheme: "nats-route", Host: r.String()})
+				o.Routes = append(o.Routes, &url.URL{Scheme: "nats-route", Host: r.addr()})
 			}
 		}
-		// The server keeps and adjusts the options it is given: hand it a
-		// copy, so ours can change for a restart without a data race.
-		s, err := startServer(o.Clone())
-		if err != nil {
-			t.Fatalf("natstest: start %s: %v", o.ServerName, err)
-		}
-		// Keep the client port the kernel chose, so a restarted node comes
-		// back where the clients look for it.
-		o.Port = s.Addr().(*net.TCPAddr).Port
-		c.mu.Lock()
-		c.servers = append(c.servers, s)
 		c.opts = append(c.opts, o)
-		c.mu.Unlock()
+		c.servers = append(c.servers, nil)
+	}
+	// Each node starts while the others' proxies hold its route
+	// connections until their nodes are up.
+	for i := range ClusterSize {
+		if err := c.startNode(i); err != nil {
+			t.Fatalf("natstest: start %s: %v", c.opts[i].ServerName, err)
+		}
 	}
 	c.waitMeta(ClusterSize)
 	return c
-}
-
-// freeRoutes returns n loopback TCP addresses free a moment ago.
-func freeRoutes(n int) ([]*net.TCPAddr, error) {
-	addrs := make([]*net.TCPAddr, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		// Held open until all n are taken, so the n differ.
-		defer l.Close()
-		addrs = append(addrs, l.Addr().(*net.TCPAddr))
-	}
-	return addrs, nil
 }
 
 func startServer(o *server.Options) (*server.Server, error) {
@@ -124,9 +116,9 @@ func startServer(o *server.Options) (*server.Server, error) {
 func (c *Cluster) URLs() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	urls := make([]string, len(c.opts))
-	for i, o := range c.opts {
-		urls[i] = fmt.Sprintf("nats://%s:%d", o.Host, o.Port)
+	urls := make([]string, len(c.clients))
+	for i, p := range c.clients {
+		urls[i] = "nats://" + p.addr()
 	}
 	return urls
 }
@@ -161,8 +153,11 @@ func (c *Cluster) Index(name string) int {
 	return -1
 }
 
-// Shutdown stops node i and waits until it is down. Its store directory is
-// kept for Restart. Shutting down a node that is down does nothing.
+// Shutdown stops node i gracefully, as a SIGTERM would, and waits until it
+// is down: it hands its leaderships over (in milliseconds) and tells the
+// pull requests it holds that it is going. Its store directory is kept for
+// Restart. Shutting down a node that is down does nothing. Kill is the
+// harsher test.
 func (c *Cluster) Shutdown(i int) {
 	c.mu.Lock()
 	s := c.servers[i]
@@ -172,6 +167,44 @@ func (c *Cluster) Shutdown(i int) {
 		s.Shutdown()
 		s.WaitForShutdown()
 	}
+	c.clients[i].down()
+	c.routes[i].down()
+}
+
+// Kill stops node i as a SIGKILL would: every connection to and from it is
+// cut first, so it cannot hand its leaderships over or tell its clients'
+// pull requests that it is going; the other nodes find out by timeouts,
+// and elect new leaders after their election timeout (4–9 s). Its store
+// directory is kept for Restart. Killing a node that is down does nothing.
+func (c *Cluster) Kill(i int) {
+	c.mu.Lock()
+	s := c.servers[i]
+	c.servers[i] = nil
+	c.mu.Unlock()
+	if s == nil {
+		return
+	}
+	c.clients[i].down()
+	c.routes[i].down()
+	for j, r := range c.routes {
+		if j != i {
+			r.cutFrom(s.ID())
+		}
+	}
+	s.Shutdown()
+	s.WaitForShutdown()
+}
+
+// KillByName kills the node with the given server name and returns its
+// index.
+func (c *Cluster) KillByName(name string) int {
+	c.t.Helper()
+	i := c.Index(name)
+	if i < 0 {
+		c.t.Fatalf("natstest: no node named %q", name)
+	}
+	c.Kill(i)
+	return i
 }
 
 // ShutdownByName stops the node with the given server name (as a stream or
@@ -186,31 +219,43 @@ func (c *Cluster) ShutdownByName(name string) int {
 	return i
 }
 
-// Restart starts node i again on the same ports with the same store
-// directory, and waits until it has rejoined: the meta group has a leader that
-// counts it among its peers. Restarting a node that is up does nothing.
+// Restart starts node i again with the same store directory, behind the
+// same addresses, and waits until it has rejoined: it is current with a meta
+// leader. Restarting a node that is up does nothing.
 func (c *Cluster) Restart(i int) {
 	c.t.Helper()
-	c.mu.Lock()
-	if c.servers[i] != nil {
-		c.mu.Unlock()
+	if c.Server(i) != nil {
 		return
 	}
-	o := c.opts[i].Clone()
-	c.mu.Unlock()
-	s, err := startServer(o)
-	if err != nil {
-		c.t.Fatalf("natstest: restart %s: %v", o.ServerName, err)
+	if err := c.startNode(i); err != nil {
+		c.t.Fatalf("natstest: restart %s: %v", c.Name(i), err)
 	}
-	c.mu.Lock()
-	c.servers[i] = s
-	c.mu.Unlock()
-	c.wait(o.ServerName+" current with the meta leader", func() string {
+	s := c.Server(i)
+	c.wait(s.Name()+" current with the meta leader", func() string {
 		if c.MetaLeader() != "" && s.JetStreamIsCurrent() {
 			return s.Name()
 		}
 		return ""
 	})
+}
+
+// startNode starts node i on ports of the kernel's choice and points its
+// proxies at them.
+func (c *Cluster) startNode(i int) error {
+	c.mu.Lock()
+	// The server keeps and adjusts the options it is given: hand it a copy.
+	o := c.opts[i].Clone()
+	c.mu.Unlock()
+	s, err := startServer(o)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.servers[i] = s
+	c.mu.Unlock()
+	c.clients[i].setTarget(s.Addr().String())
+	c.routes[i].setTarget(s.ClusterAddr().String())
+	return nil
 }
 
 // MetaLeader returns the name of the node leading the JetStream meta group,
@@ -278,24 +323,37 @@ func (c *Cluster) wait(what string, get func() string) string {
 	return ""
 }
 
-// waitMeta waits until a meta leader counts peers nodes as its peers.
+// waitMeta waits until a meta leader counts peers nodes as its peers and
+// every running node is current with it: a JetStream API request sent
+// before that can be lost, and wait for its full timeout.
 func (c *Cluster) waitMeta(peers int) {
 	c.t.Helper()
-	c.wait(fmt.Sprintf("meta leader with %d peers", peers), func() string {
+	c.wait(fmt.Sprintf("meta leader with %d current peers", peers), func() string {
 		c.mu.Lock()
 		servers := append([]*server.Server(nil), c.servers...)
 		c.mu.Unlock()
+		leader := ""
 		for _, s := range servers {
-			if s != nil && s.JetStreamIsLeader() && len(s.JetStreamClusterPeers()) >= peers {
-				return s.Name()
+			if s == nil {
+				continue
+			}
+			if !s.JetStreamIsCurrent() {
+				return ""
+			}
+			if s.JetStreamIsLeader() && len(s.JetStreamClusterPeers()) >= peers {
+				leader = s.Name()
 			}
 		}
-		return ""
+		return leader
 	})
 }
 
 func (c *Cluster) shutdownAll() {
 	for i := range c.servers {
 		c.Shutdown(i)
+	}
+	for i := range c.clients {
+		c.clients[i].close()
+		c.routes[i].close()
 	}
 }

@@ -27,7 +27,13 @@ func TestClusterSurvivesLeaderLoss(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3}); err != nil {
+	// Five seconds per request: one lost in an election is sent again
+	// rather than waited for until the test's end.
+	reqCtx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 5*time.Second) }
+	rctx, rcancel := reqCtx()
+	_, err = js.CreateStream(rctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3})
+	rcancel()
+	if err != nil {
 		t.Fatalf("create R3 stream: %v", err)
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy})
@@ -47,7 +53,9 @@ func TestClusterSurvivesLeaderLoss(t *testing.T) {
 		// Publishes retry: right after a leader loss the stream may have
 		// no leader for a few seconds.
 		for {
-			_, err := js.Publish(ctx, "s.x", []byte(step))
+			rctx, rcancel := reqCtx()
+			_, err := js.Publish(rctx, "s.x", []byte(step))
+			rcancel()
 			if err == nil {
 				break
 			}
@@ -82,14 +90,16 @@ func TestClusterSurvivesLeaderLoss(t *testing.T) {
 	steps := []struct {
 		name   string
 		leader func() string
+		stop   func(name string) int
 	}{
-		{"consumer leader down", func() string { return c.WaitConsumerLeader("S", "d") }},
-		{"stream leader down", func() string { return c.WaitStreamLeader("S") }},
+		{"consumer leader shut down", func() string { return c.WaitConsumerLeader("S", "d") }, c.ShutdownByName},
+		{"consumer leader killed", func() string { return c.WaitConsumerLeader("S", "d") }, c.KillByName},
+		{"stream leader killed", func() string { return c.WaitStreamLeader("S") }, c.KillByName},
 	}
 	for _, st := range steps {
 		name := st.leader()
 		down := time.Now()
-		i := c.ShutdownByName(name)
+		i := st.stop(name)
 		if c.Server(i) != nil || c.Name(i) != name {
 			t.Fatalf("%s: node %d (%s) still listed as up", st.name, i, name)
 		}

@@ -3,6 +3,7 @@
 package natstest
 
 import (
+	"net"
 	"testing"
 	"time"
 
@@ -42,11 +43,12 @@ func RunPort(t testing.TB, port int) (*server.Server, string) {
 // server a test starts later.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	addrs, err := freeRoutes(1)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("natstest: free port: %v", err)
 	}
-	return addrs[0].Port
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 // RunWithConfig starts a server from the configuration file at path, as
