@@ -589,3 +589,25 @@ func TestFreshStartNeedsTwoMessagesSinceSummary(t *testing.T) {
 		t.Fatalf("one message after the summary: %v", types(evs))
 	}
 }
+
+func TestTruncationKeepsToolExchanges(t *testing.T) {
+	// Parallel calls answered one turn per call: a cut between the result
+	// turns would hide the call and drop the results after the cut.
+	h := msgs(10)
+	h[3].Content = schema.BlockContent(toolUse("A", "bash", `{}`), toolUse("B", "bash", `{}`), toolUse("C", "bash", `{}`))
+	for i, id := range []string{"A", "B", "C"} {
+		h[4+i].Role = schema.RoleUser
+		h[4+i].Content = schema.BlockContent(toolResult(id, "out"))
+	}
+	h[7].Role = schema.RoleAssistant
+	for _, f := range []float64{0.3, 0.5, 0.6, 0.7, 0.8, 1} {
+		tr, ok := PlanTruncation(h, f, "t", lenCount)
+		checkTruncation(t, h, tr, ok, fmt.Sprintf("fraction %v", f))
+		if !ok {
+			continue
+		}
+		if lost := lostResults(tr.History); len(lost) > 0 {
+			t.Fatalf("fraction %v: results %v dropped, effective %q", f, lost, join(EffectiveHistory(tr.History)))
+		}
+	}
+}
