@@ -46,6 +46,9 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 			}
 			go func() {
 				qctx := withQuerySlots(ctx, reads, waits)
+				if t := tenantOf(m.Subject); t != "" {
+					qctx = context.WithValue(qctx, tenantKey{}, t)
+				}
 				if err := m.Respond(h(qctx, m.Data)); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
 					r.Log.Warn("query reply failed", "subject", m.Subject, "err", err)
 				}
@@ -53,16 +56,48 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 		}
 	}
 	r.Metrics.Help("ctxpipe_queries_refused_total", "Queries refused because their reply subject was outside an inbox prefix.")
-	hs, err := nc.QueueSubscribe(schema.SubjectHistory, bus.QueueGroup, serve(r.History))
-	if err != nil {
-		return nil, err
+	// Each query on the service's own subject (clients in its account) and
+	// on the tenants' (ctx.q.<tenant>.<verb>, mapped there by the server:
+	// the tenant comes from the subject, never from the body).
+	var subs []*nats.Subscription
+	drain := func() error {
+		var errs []error
+		for _, s := range subs {
+			errs = append(errs, s.Drain())
+		}
+		return errors.Join(errs...)
 	}
-	ss, err := nc.QueueSubscribe(schema.SubjectStatus, bus.QueueGroup, serve(r.Status))
-	if err != nil {
-		_ = hs.Unsubscribe()
-		return nil, err
+	for verb, h := range map[schema.QueryVerb]func(context.Context, []byte) []byte{
+		schema.VerbHistory: r.History, schema.VerbStatus: r.Status, schema.VerbEvents: r.Events,
+	} {
+		for _, subject := range []string{schema.QuerySubject("", verb), schema.QuerySubject("*", verb)} {
+			sub, err := nc.QueueSubscribe(subject, bus.QueueGroup, serve(h))
+			if err != nil {
+				_ = drain()
+				return nil, err
+			}
+			subs = append(subs, sub)
+		}
 	}
-	return func() error { return errors.Join(hs.Drain(), ss.Drain()) }, nil
+	return drain, nil
+}
+
+type tenantKey struct{}
+
+// tenantOf is the tenant a query came from: the token between ctx.q. and
+// the verb, "" for the service's own account.
+func tenantOf(subject string) string {
+	rest := strings.TrimPrefix(subject, schema.QuerySubjectPrefix)
+	if t, _, ok := strings.Cut(rest, "."); ok {
+		return t
+	}
+	return ""
+}
+
+// keyOf is the conversation key of a query for conversation conv.
+func keyOf(ctx context.Context, conv string) string {
+	t, _ := ctx.Value(tenantKey{}).(string)
+	return schema.ConversationKey(t, conv)
 }
 
 // SafeReply tells whether the service may publish a reply to subject: only
@@ -136,8 +171,9 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 	if err := req.Validate(); err != nil {
 		return queryError(err)
 	}
+	key := keyOf(ctx, req.ConversationID)
 	if req.WaitFor != "" {
-		if err := r.waitFor(ctx, req.ConversationID, req.WaitFor, req.Timeout(defaultWait)); err != nil {
+		if err := r.waitFor(ctx, key, req.WaitFor, req.Timeout(defaultWait)); err != nil {
 			return queryError(err)
 		}
 	}
@@ -148,12 +184,12 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 		// by the length of the whole history.
 		load = r.Store.Visible
 	}
-	msgs, bodies, err := load(ctx, req.ConversationID)
+	msgs, bodies, err := load(ctx, key)
 	if err != nil {
 		return queryError(err)
 	}
 	if len(msgs) == 0 {
-		if _, found, err := r.Store.State(ctx, req.ConversationID); err != nil {
+		if _, found, err := r.Store.State(ctx, key); err != nil {
 			return queryError(err)
 		} else if !found {
 			return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", req.ConversationID))
@@ -339,14 +375,15 @@ func (r *Runner) Status(ctx context.Context, data []byte) []byte {
 		return queryError(err)
 	}
 	defer readSlot(ctx)()
-	st, found, err := r.Store.State(ctx, req.ConversationID)
+	key := keyOf(ctx, req.ConversationID)
+	st, found, err := r.Store.State(ctx, key)
 	if err != nil {
 		return queryError(err)
 	}
 	if !found {
 		return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", req.ConversationID))
 	}
-	stored, hidden, err := r.Store.HiddenCount(ctx, req.ConversationID)
+	stored, hidden, err := r.Store.HiddenCount(ctx, key)
 	if err != nil {
 		return queryError(err)
 	}
@@ -368,6 +405,47 @@ func (r *Runner) Status(ctx context.Context, data []byte) []byte {
 		}
 	}
 	b, err := schema.Marshal(reply)
+	if err != nil {
+		return queryError(err)
+	}
+	return b
+}
+
+// Events answers a ctx.q.events request: a conversation's events as
+// committed, paged, so a UI or rewind consumer in a tenant account can
+// replay them (it cannot read CTX_EVENTS, which lives in the service's
+// account).
+func (r *Runner) Events(ctx context.Context, data []byte) []byte {
+	var req schema.EventsRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		return schema.MarshalQueryError(schema.QueryBadRequest, "request is not valid JSON: "+err.Error())
+	}
+	if err := req.Validate(); err != nil {
+		return queryError(err)
+	}
+	defer readSlot(ctx)()
+	key := keyOf(ctx, req.ConversationID)
+	bodies, more, err := r.Store.EventBodies(ctx, key, req.After, req.Limit)
+	if err != nil {
+		return queryError(err)
+	}
+	if len(bodies) == 0 && req.After == 0 {
+		if _, found, err := r.Store.State(ctx, key); err != nil {
+			return queryError(err)
+		} else if !found {
+			return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", req.ConversationID))
+		}
+	}
+	rep := schema.EventsReply{ConversationID: req.ConversationID, Events: make([]json.RawMessage, len(bodies)), Next: req.After + len(bodies), More: more}
+	size := 0
+	for i, b := range bodies {
+		rep.Events[i] = b
+		size += len(b)
+	}
+	if r.maxReply > 0 && size > r.maxReply-1024 {
+		return queryError(schema.QueryErrorf(schema.QueryTooLarge, "%d events are %d bytes, over the %d-byte message limit: ask with a smaller limit", len(bodies), size, r.maxReply))
+	}
+	b, err := schema.Marshal(rep)
 	if err != nil {
 		return queryError(err)
 	}

@@ -670,7 +670,6 @@ func (r *Runner) once(e *store.Entry, seen map[string]bool) *store.Entry {
 	return e
 }
 
-
 // rejection records an input that will not be applied, with its payload and
 // an input_rejected event. id is the input's own id when readable; otherwise
 // one is derived from the stream sequence, which a redelivery keeps, so the
@@ -686,8 +685,8 @@ func (r *Runner) rejection(j *job, id string, cause error) store.Entry {
 		msg = se.Message
 	}
 	conv := j.conv
-	if !schema.ValidConversationID(conv) {
-		conv = schema.InvalidConversationID
+	if !schema.ValidConversationKey(conv) {
+		conv = schema.ConversationKey(schema.SubjectTenant(j.msg.Subject()), schema.InvalidConversationID)
 	}
 	subject := j.msg.Subject()
 	kind := subject[strings.LastIndexByte(subject, '.')+1:]

@@ -107,19 +107,82 @@ func ControlPayload(in Input) ([]byte, error) {
 		Trigger: in.Trigger, IncludeTarget: in.IncludeTarget})
 }
 
-// ParseSubject splits ctx.in.<conv>.<kind>.
+// Tenancy. A tenant is a NATS account of its own whose clients use the
+// tenant-free subjects (ctx.in.<conv>.<kind>, ctx.q.history, ...); the
+// server maps them into the service's account with the tenant as the token
+// after the prefix (ctx.in.<tenant>.<conv>.<kind>, ctx.q.<tenant>.history).
+// Inside the service a conversation is known by its key, "<tenant>.<conv>",
+// so two tenants' conversations never meet; without a tenant (clients in the
+// service's own account) the key is the conversation id itself.
+
+// ValidTenant reports whether t may name a tenant: a subject token not
+// starting with '_'.
+func ValidTenant(t string) bool { return ValidConversationID(t) }
+
+// ConversationKey is the service's key for conversation conv of tenant
+// ("" for none).
+func ConversationKey(tenant, conv string) string {
+	if tenant == "" {
+		return conv
+	}
+	return tenant + "." + conv
+}
+
+// SplitKey returns the tenant ("" for none) and the conversation id of a key.
+func SplitKey(key string) (tenant, conv string) {
+	if t, c, ok := strings.Cut(key, "."); ok {
+		return t, c
+	}
+	return "", key
+}
+
+// ValidConversationKey reports whether key is a conversation key the service
+// may store and build subjects from: a subject token (reserved ids
+// included), optionally qualified by a valid tenant.
+func ValidConversationKey(key string) bool {
+	t, c := SplitKey(key)
+	return (t == "" && !strings.Contains(key, ".") || ValidTenant(t)) && ValidSubjectToken(c)
+}
+
+// SubjectTenant returns the tenant of an input subject (ctx.in.<tenant>.
+// <conv>.<kind>), or "" when it names none or an invalid one: rejections of
+// unreadable inputs are filed under the tenant when it can be read.
+func SubjectTenant(subject string) string {
+	rest, ok := strings.CutPrefix(subject, InputSubjectPrefix)
+	if !ok || strings.Count(rest, ".") != 2 {
+		return ""
+	}
+	t, _, _ := strings.Cut(rest, ".")
+	if !ValidTenant(t) {
+		return ""
+	}
+	return t
+}
+
+// ParseSubject splits ctx.in.<conv>.<kind> or ctx.in.<tenant>.<conv>.<kind>;
+// conv is the conversation key (see ConversationKey).
 func ParseSubject(subject string) (conv string, kind InputKind, err error) {
 	rest, ok := strings.CutPrefix(subject, InputSubjectPrefix)
 	if !ok {
 		return "", "", Errorf(ReasonBadSubject, "subject %q is not under %s", subject, InputSubjectPrefix)
 	}
-	conv, k, ok := strings.Cut(rest, ".")
-	if !ok || strings.Contains(k, ".") {
+	tokens := strings.Split(rest, ".")
+	var tenant, k string
+	switch len(tokens) {
+	case 2:
+		conv, k = tokens[0], tokens[1]
+	case 3:
+		tenant, conv, k = tokens[0], tokens[1], tokens[2]
+		if !ValidTenant(tenant) {
+			return "", "", Errorf(ReasonBadSubject, "subject %q names no valid tenant", subject)
+		}
+	default:
 		return "", "", Errorf(ReasonBadSubject, "subject %q is not ctx.in.<conv>.<kind>", subject)
 	}
 	if !ValidConversationID(conv) {
 		return "", "", Errorf(ReasonBadConversationID, "conversation id %q %s", conv, convIDRule)
 	}
+	conv = ConversationKey(tenant, conv)
 	switch kind = InputKind(k); kind {
 	case KindTurn, KindCondense, KindOverflow, KindRewind:
 		return conv, kind, nil
@@ -146,6 +209,9 @@ func DecodeInput(subject string, data []byte) (Input, error) {
 	if err != nil {
 		return Input{}, err
 	}
+	// Payloads name the conversation as their client knows it, without the
+	// tenant the server put into the subject.
+	_, bare := SplitKey(conv)
 	// json.Unmarshal below validates the whole payload; checking it
 	// separately first would scan every input twice.
 	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) == 0 || t[0] != '{' {
@@ -175,9 +241,10 @@ func DecodeInput(subject string, data []byte) (Input, error) {
 			return Input{}, err
 		}
 		compactInputs(t.Content.Blocks)
-		if t.ConversationID != conv {
+		if t.ConversationID != bare {
 			return Input{}, Errorf(ReasonConversationMismatch, "turn names conversation %q but arrived on %q", t.ConversationID, subject)
 		}
+		t.ConversationID = conv
 		in.ID, in.TS, in.Turn = t.ID, t.TS, &t
 		return in, nil
 	}
@@ -188,7 +255,7 @@ func DecodeInput(subject string, data []byte) (Input, error) {
 	if err := validateID(c.ID); err != nil {
 		return Input{}, err
 	}
-	if c.ConversationID != "" && c.ConversationID != conv {
+	if c.ConversationID != "" && c.ConversationID != bare {
 		return Input{}, Errorf(ReasonConversationMismatch, "payload names conversation %q but arrived on %q", c.ConversationID, subject)
 	}
 	if c.TS <= 0 {

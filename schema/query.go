@@ -13,6 +13,7 @@ import (
 const (
 	SubjectHistory = "ctx.q.history"
 	SubjectStatus  = "ctx.q.status"
+	SubjectEvents  = "ctx.q.events"
 	// QuerySubjectPrefix covers every query subject (ctx.q.>).
 	QuerySubjectPrefix = "ctx.q."
 )
@@ -116,6 +117,63 @@ type HistoryReply struct {
 	Total int `json:"total,omitempty"`
 	// NextCursor, when set, reads the next page (the request's cursor).
 	NextCursor string `json:"next_cursor,omitempty"`
+}
+
+// QueryVerb is the last token of a query subject: history, status, events.
+type QueryVerb string
+
+// The queries.
+const (
+	VerbHistory QueryVerb = "history"
+	VerbStatus  QueryVerb = "status"
+	VerbEvents  QueryVerb = "events"
+)
+
+// QuerySubject is the subject the service answers verb on for tenant: the
+// server maps a tenant's ctx.q.<verb> onto ctx.q.<tenant>.<verb>; "" is the
+// service's own account.
+func QuerySubject(tenant string, verb QueryVerb) string {
+	if tenant == "" {
+		return QuerySubjectPrefix + string(verb)
+	}
+	return QuerySubjectPrefix + tenant + "." + string(verb)
+}
+
+// EventsRequest is the body of a ctx.q.events request: a conversation's
+// events as committed, oldest first, for a UI or a rewind consumer that
+// replays them (live ones arrive on ctx.events.<conv>.<type>).
+type EventsRequest struct {
+	ConversationID string `json:"conversation_id"`
+	// After skips the first After events (the previous reply's next).
+	After int `json:"after,omitempty"`
+	// Limit caps the events in one reply (0: up to MaxEventsLimit).
+	Limit int `json:"limit,omitempty"`
+}
+
+// MaxEventsLimit bounds one ctx.q.events reply.
+const MaxEventsLimit = 1000
+
+// Validate checks the request and fills the default limit.
+func (r *EventsRequest) Validate() error {
+	if !ValidConversationID(r.ConversationID) {
+		return QueryErrorf(QueryBadRequest, "conversation_id %q %s", r.ConversationID, convIDRule)
+	}
+	if r.After < 0 || r.Limit < 0 || r.Limit > MaxEventsLimit {
+		return QueryErrorf(QueryBadRequest, "after must be ≥ 0 and limit in [0, %d]", MaxEventsLimit)
+	}
+	if r.Limit == 0 {
+		r.Limit = MaxEventsLimit
+	}
+	return nil
+}
+
+// EventsReply is the reply to ctx.q.events. Next is the After of the next
+// page; More says whether there is one.
+type EventsReply struct {
+	ConversationID string            `json:"conversation_id"`
+	Events         []json.RawMessage `json:"events"`
+	Next           int               `json:"next"`
+	More           bool              `json:"more"`
 }
 
 // StatusRequest is the body of a ctx.q.status request.

@@ -220,7 +220,7 @@ func encodeEntry(e Entry) (encoded, error) {
 		}
 		// An invalid subject token would make the relay fail on this row
 		// forever and hold every later event back.
-		if !schema.ValidSubjectToken(h.ConversationID) {
+		if !schema.ValidConversationKey(h.ConversationID) {
 			return x, fmt.Errorf("event %s: conversation id %q is not a valid subject token", h.ID, h.ConversationID)
 		}
 		body, err := schema.Marshal(ev)

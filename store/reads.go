@@ -308,3 +308,28 @@ func (s *Store) ConversationCount(ctx context.Context) (int, error) {
 	}
 	return n, nil
 }
+
+// EventBodies returns up to limit of a conversation's events as stored
+// (their JSON), in commit order, skipping the first after; more says
+// whether others follow.
+func (s *Store) EventBodies(ctx context.Context, conv string, after, limit int) (bodies [][]byte, more bool, err error) {
+	rows, err := s.r.QueryContext(ctx, "SELECT body FROM events WHERE conversation_id = ? ORDER BY rowid LIMIT ? OFFSET ?", conv, limit+1, after)
+	if err != nil {
+		return nil, false, fmt.Errorf("events of %s: %w", conv, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var body []byte
+		if err := rows.Scan(&body); err != nil {
+			return nil, false, fmt.Errorf("events of %s: %w", conv, err)
+		}
+		bodies = append(bodies, body)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, false, fmt.Errorf("events of %s: %w", conv, err)
+	}
+	if len(bodies) > limit {
+		return bodies[:limit], true, nil
+	}
+	return bodies, false, nil
+}

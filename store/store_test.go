@@ -296,7 +296,7 @@ func TestFailedBatchCommitsNothing(t *testing.T) {
 	noID.Input.ID = ""
 	badEventConv := turnEntry("c")
 	badEventConv.Changes.Events = []schema.Event{&schema.InputRejected{EventHeader: schema.EventHeader{
-		ID: uuid.NewString(), Type: schema.EventInputRejected, ConversationID: "a.b"}}}
+		ID: uuid.NewString(), Type: schema.EventInputRejected, ConversationID: "a.b.c"}}}
 	stateOtherConv := turnEntry("c")
 	stateOtherConv.Changes.State.ConversationID = "other"
 
@@ -308,7 +308,7 @@ func TestFailedBatchCommitsNothing(t *testing.T) {
 		{"before names a missing message", bad("c"), 1},
 		{"message id already stored", dupMsg("c"), 1},
 		{"empty input id", noID, 1},
-		{"event conversation id not a subject token", badEventConv, 1},
+		{"event conversation id not a conversation key", badEventConv, 1},
 		{"state for another conversation", stateOtherConv, 1},
 	}
 	for _, tc := range tests {
