@@ -246,13 +246,26 @@ func (c ConnConfig) url() string {
 	return c.URL
 }
 
-// Backoff of ConnectRetry: the first wait, and the most it grows to. Each
-// wait is drawn between half and all of the current step, so that
-// instances started together do not retry in step.
+// Backoff of ConnectRetry and RetryStart: the first wait, and the most it
+// grows to.
 var (
 	retryFirst = 250 * time.Millisecond
 	retryMax   = 10 * time.Second
 )
+
+// backoff doubles its step from retryFirst up to retryMax. Each wait is
+// drawn between half and all of the step, so that instances started
+// together do not retry in step.
+type backoff struct{ step time.Duration }
+
+func (b *backoff) next() time.Duration {
+	if b.step == 0 {
+		b.step = retryFirst
+	}
+	wait := b.step/2 + rand.N(b.step/2+1)
+	b.step = min(2*b.step, retryMax)
+	return wait
+}
 
 // ConnectRetry connects like Connect, but when no server is reachable it
 // logs that and tries again, with exponential backoff (capped, jittered),
@@ -278,7 +291,7 @@ func ConnectRetry(ctx context.Context, cfg ConnConfig, extra ...nats.Option) (*n
 	}
 	url := redact(cfg.url())
 	start := time.Now()
-	step := retryFirst
+	var b backoff
 	for attempt := 1; ; attempt++ {
 		nc, err := connectCtx(ctx, cfg.url(), opts)
 		if err == nil {
@@ -295,8 +308,7 @@ func ConnectRetry(ctx context.Context, cfg ConnConfig, extra ...nats.Option) (*n
 		if !retryable(err) {
 			return nil, fmt.Errorf("connect to nats %s: %w", url, err)
 		}
-		wait := step/2 + rand.N(step/2+1)
-		step = min(2*step, retryMax)
+		wait := b.next()
 		log.Warn(fmt.Sprintf("nats not reachable, retrying in %v", wait.Round(time.Millisecond)),
 			"name", name, "url", url, "attempt", attempt, "err", err)
 		select {
