@@ -23,6 +23,28 @@ type ConversationState struct {
 	Condensations  int      `json:"condensations"`
 	Truncations    int      `json:"truncations"`
 	LastTS         int64    `json:"last_ts"`
+	// Pins are the pin inputs' verdicts by message id, which override the
+	// pinned flag a turn was stored with (true pins, false unpins). Bounded
+	// by MaxPins; a rewind drops the entries of deleted messages.
+	Pins map[string]bool `json:"pins,omitempty"`
+}
+
+// MaxPins bounds ConversationState.Pins, so the state read on every input
+// stays small.
+const MaxPins = 1000
+
+// IsPinned reports whether message m is pinned: the pin inputs' verdict if
+// any, else the flag it was stored with. A masked stand-in follows its
+// original.
+func (st *ConversationState) IsPinned(m *Message) bool {
+	id := m.ID
+	if m.MaskOf != "" {
+		id = m.MaskOf
+	}
+	if v, ok := st.Pins[id]; ok {
+		return v
+	}
+	return m.Pinned
 }
 
 // TagField names one of the two parent tags.

@@ -48,7 +48,15 @@ const (
 	ReasonContextGrew       Reason = "context_grew"
 	ReasonLLMError          Reason = "llm_error"
 	ReasonEmptySummary      Reason = "empty_summary"
+	// ReasonPinnedOverWindow: the messages that must stay verbatim (pinned,
+	// the task, the latest instruction) alone exceed the allowed context, so
+	// no condense can bring it under; a truncation still hides what it may.
+	ReasonPinnedOverWindow Reason = "pinned_over_window"
 )
+
+// ReasonBadInstructions rejects a condense input whose instructions are too
+// long, or any other input that carries instructions.
+const ReasonBadInstructions Reason = "bad_instructions"
 
 // Error is a validation failure: a stable Reason plus a human message.
 type Error struct {

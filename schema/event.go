@@ -12,7 +12,7 @@ const EventSchemaID = "ctxpipe.event.v1"
 // ctx.events.<conv>.<type>.
 type EventType string
 
-// The six event types.
+// The event types.
 const (
 	EventCondenseContext         EventType = "condense_context"
 	EventSlidingWindowTruncation EventType = "sliding_window_truncation"
@@ -20,6 +20,9 @@ const (
 	EventCondenseFailed          EventType = "condense_failed"
 	EventRewind                  EventType = "rewind"
 	EventInputRejected           EventType = "input_rejected"
+	// EventToolResultsMasked announces an observation masking: older tool
+	// results replaced in the effective history by one-line stand-ins.
+	EventToolResultsMasked EventType = "tool_results_masked"
 )
 
 // EventHeader is common to every event.
@@ -31,7 +34,7 @@ type EventHeader struct {
 	InputID        string    `json:"input_id"` // the input that caused it
 }
 
-// Event is one of the six event structs.
+// Event is one of the event structs.
 type Event interface {
 	Header() *EventHeader
 }
@@ -57,6 +60,23 @@ type CondenseContext struct {
 	Trigger           Trigger `json:"trigger"`
 	Model             string  `json:"model"`
 	Strategy          string  `json:"strategy,omitempty"`
+	// Instructions are the manual request's own instructions to the
+	// summarizer, when it carried some.
+	Instructions string `json:"instructions,omitempty"`
+}
+
+// ToolResultsMasked announces an observation masking: the bodies of Count
+// older tool results were replaced in the effective history by one-line
+// stand-ins naming the tool, its key arguments and the size hidden. The
+// stored results are untouched; a rewind to before TS restores them.
+type ToolResultsMasked struct {
+	EventHeader
+	MaskID            string  `json:"mask_id"`
+	Count             int     `json:"count"`               // tool results masked
+	MessagesMasked    int     `json:"messages_masked"`     // messages given a masked stand-in
+	PrevContextTokens int     `json:"prev_context_tokens"` // the context before
+	NewContextTokens  int     `json:"new_context_tokens"`  // and after
+	Trigger           Trigger `json:"trigger"`
 }
 
 // SlidingWindowTruncation announces a truncation. It is never emitted with
@@ -95,8 +115,10 @@ type Rewind struct {
 	IncludeTarget        bool     `json:"include_target"`
 	RemovedCondenseIDs   []string `json:"removed_condense_ids"`
 	RemovedTruncationIDs []string `json:"removed_truncation_ids"`
-	MessagesRemoved      int      `json:"messages_removed"`
-	MessagesRestored     int      `json:"messages_restored"`
+	// RemovedMaskIDs are the maskings undone (omitted when none).
+	RemovedMaskIDs   []string `json:"removed_mask_ids,omitempty"`
+	MessagesRemoved  int      `json:"messages_removed"`
+	MessagesRestored int      `json:"messages_restored"`
 }
 
 // InputRejected announces an input that was recorded but not applied.
@@ -127,6 +149,8 @@ func DecodeEvent(data []byte) (Event, error) {
 		e = &Rewind{}
 	case EventInputRejected:
 		e = &InputRejected{}
+	case EventToolResultsMasked:
+		e = &ToolResultsMasked{}
 	default:
 		return nil, fmt.Errorf("decode event: unknown type %q", h.Type)
 	}

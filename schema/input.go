@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -17,7 +18,13 @@ const (
 	KindCondense InputKind = "condense"
 	KindOverflow InputKind = "overflow"
 	KindRewind   InputKind = "rewind"
+	// KindPin pins or unpins a stored message: {"id","ts","message_id","pinned"}.
+	KindPin InputKind = "pin"
 )
+
+// MaxInstructionsLen bounds a manual condense's instructions, in characters
+// (Unicode code points, as JSON Schema's maxLength counts them).
+const MaxInstructionsLen = 2000
 
 // Trigger says why a condense ran.
 type Trigger string
@@ -90,6 +97,11 @@ type Input struct {
 	Turn           *Turn   // KindTurn
 	Trigger        Trigger // KindCondense: manual
 	IncludeTarget  bool    // KindRewind
+	// Instructions are a manual condense's own instructions to the
+	// summarizer ("keep the failing test names"), at most MaxInstructionsLen.
+	Instructions string // KindCondense
+	MessageID    string // KindPin: the stored message to pin or unpin
+	Pinned       bool   // KindPin: pin (true) or unpin (false)
 }
 
 // control is the payload of condense, overflow and rewind inputs.
@@ -99,12 +111,19 @@ type control struct {
 	TS             int64   `json:"ts"`
 	Trigger        Trigger `json:"trigger,omitempty"`
 	IncludeTarget  bool    `json:"include_target,omitempty"`
+	Instructions   string  `json:"instructions,omitempty"`
+	MessageID      string  `json:"message_id,omitempty"`
+	Pinned         *bool   `json:"pinned,omitempty"`
 }
 
-// ControlPayload encodes the payload of a condense, overflow or rewind input.
+// ControlPayload encodes the payload of a condense, overflow, rewind or pin input.
 func ControlPayload(in Input) ([]byte, error) {
-	return Marshal(control{ID: in.ID, ConversationID: in.ConversationID, TS: in.TS,
-		Trigger: in.Trigger, IncludeTarget: in.IncludeTarget})
+	c := control{ID: in.ID, ConversationID: in.ConversationID, TS: in.TS,
+		Trigger: in.Trigger, IncludeTarget: in.IncludeTarget, Instructions: in.Instructions, MessageID: in.MessageID}
+	if in.Kind == KindPin {
+		c.Pinned = &in.Pinned
+	}
+	return Marshal(c)
 }
 
 // Tenancy. A tenant is a NATS account of its own whose clients use the
@@ -184,7 +203,7 @@ func ParseSubject(subject string) (conv string, kind InputKind, err error) {
 	}
 	conv = ConversationKey(tenant, conv)
 	switch kind = InputKind(k); kind {
-	case KindTurn, KindCondense, KindOverflow, KindRewind:
+	case KindTurn, KindCondense, KindOverflow, KindRewind, KindPin:
 		return conv, kind, nil
 	}
 	return conv, "", Errorf(ReasonUnknownKind, "unknown input kind %q", k)
@@ -273,6 +292,28 @@ func DecodeInput(subject string, data []byte) (Input, error) {
 	if kind == KindOverflow {
 		in.Trigger = TriggerForced
 	}
+	if c.Instructions != "" {
+		if kind != KindCondense {
+			return Input{}, Errorf(ReasonBadInstructions, "only a condense input may carry instructions")
+		}
+		if n := utf8.RuneCountInString(c.Instructions); n > MaxInstructionsLen {
+			return Input{}, Errorf(ReasonBadInstructions, "instructions are %d characters; at most %d", n, MaxInstructionsLen)
+		}
+		in.Instructions = c.Instructions
+	}
+	if kind == KindPin {
+		// Every stored message id is a UUID (turns are checked the same
+		// way; summaries, markers and stand-ins get derived ones).
+		if _, err := uuid.Parse(c.MessageID); err != nil || len(c.MessageID) != 36 {
+			return Input{}, Errorf(ReasonUnknownTarget, "message_id %q is not a message id (a UUID)", c.MessageID)
+		}
+		if c.Pinned == nil {
+			return Input{}, Errorf(ReasonInvalidJSON, "a pin input needs pinned: true or false")
+		}
+		in.MessageID, in.Pinned = c.MessageID, *c.Pinned
+	} else if c.MessageID != "" || c.Pinned != nil {
+		return Input{}, Errorf(ReasonInvalidJSON, "message_id and pinned belong to pin inputs only")
+	}
 	return in, nil
 }
 
@@ -282,14 +323,40 @@ func DecodeInput(subject string, data []byte) (Input, error) {
 // the same (key order and characters are kept; nothing is HTML-escaped).
 func compactInputs(blocks []Block) {
 	for i := range blocks {
-		if len(blocks[i].Input) == 0 {
-			continue
-		}
-		var buf bytes.Buffer
-		if json.Compact(&buf, blocks[i].Input) == nil && buf.Len() != len(blocks[i].Input) {
-			blocks[i].Input = buf.Bytes()
+		if len(blocks[i].Input) > 0 {
+			blocks[i].Input = compactValid(blocks[i].Input)
 		}
 	}
+}
+
+// compactValid removes the whitespace outside strings from valid JSON, in
+// place: the decoder has checked the bytes, and Input is the block's own
+// copy of them. Compact input (what agents send) is only read.
+func compactValid(b []byte) []byte {
+	w, inStr := 0, false
+	for r := 0; r < len(b); r++ {
+		c := b[r]
+		switch {
+		case inStr:
+			if c == '\\' && r+1 < len(b) {
+				b[w] = c
+				w++
+				r++
+				c = b[r]
+			} else if c == '"' {
+				inStr = false
+			}
+		case c == '"':
+			inStr = true
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			continue
+		}
+		if w != r {
+			b[w] = c
+		}
+		w++
+	}
+	return b[:w]
 }
 
 func validateID(id string) error {

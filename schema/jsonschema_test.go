@@ -258,7 +258,8 @@ func sampleEvents() []schema.Event {
 		&schema.CondenseContext{EventHeader: h(schema.EventCondenseContext),
 			CondenseID: "9d1c7f1a-6a0b-5e54-9b1e-3c8f2b9a7d10", Summary: "We fixed <the> parser & tests.",
 			Cost: 0.0123, PrevContextTokens: 150000, NewContextTokens: 21000, MessagesCondensed: 40,
-			Trigger: schema.TriggerAuto, Model: "gpt-4o-mini", Strategy: string(schema.StrategyKeepTail)},
+			Trigger: schema.TriggerAuto, Model: "gpt-4o-mini", Strategy: string(schema.StrategyKeepTail),
+			Instructions: "keep the failing test names"},
 		&schema.SlidingWindowTruncation{EventHeader: h(schema.EventSlidingWindowTruncation),
 			TruncationID: "1b2c3d4e-5f60-5718-8a9b-0c1d2e3f4a5b", MessagesRemoved: 10,
 			PrevContextTokens: 190000, NewContextTokens: 120000},
@@ -269,9 +270,13 @@ func sampleEvents() []schema.Event {
 			Trigger: schema.TriggerForced},
 		&schema.Rewind{EventHeader: h(schema.EventRewind), CutoffTS: 1732249990000, IncludeTarget: true,
 			RemovedCondenseIDs: []string{"9d1c7f1a-6a0b-5e54-9b1e-3c8f2b9a7d10"}, RemovedTruncationIDs: []string{},
+			RemovedMaskIDs:  []string{"7a1c7f1a-6a0b-5e54-9b1e-3c8f2b9a7d11"},
 			MessagesRemoved: 3, MessagesRestored: 40},
 		&schema.InputRejected{EventHeader: rejected, Reason: schema.ReasonInvalidJSON,
 			Message: "payload is not valid JSON", Subject: "ctx.in.task-42.turn"},
+		&schema.ToolResultsMasked{EventHeader: h(schema.EventToolResultsMasked),
+			MaskID: "7a1c7f1a-6a0b-5e54-9b1e-3c8f2b9a7d11", Count: 12, MessagesMasked: 9,
+			PrevContextTokens: 22400, NewContextTokens: 9100, Trigger: schema.TriggerAuto},
 	}
 }
 
@@ -292,8 +297,8 @@ func TestEventSchemaAcceptsGoEvents(t *testing.T) {
 			}
 		})
 	}
-	if len(types) != 6 {
-		t.Errorf("sample covers %d event types, want all 6", len(types))
+	if len(types) != 7 {
+		t.Errorf("sample covers %d event types, want all 7", len(types))
 	}
 	for _, file := range exampleFiles(t, "testdata/events/valid") {
 		t.Run(filepath.Base(file), func(t *testing.T) {

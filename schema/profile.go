@@ -98,7 +98,77 @@ type Profile struct {
 	LLM               LLMConfig   `json:"llm,omitempty"`
 	CondenseLLM       LLMConfig   `json:"condense_llm,omitempty"`
 	Prices            Prices      `json:"prices,omitempty"`
+	// Mask configures observation masking, tried before any condense.
+	Mask MaskSettings `json:"mask,omitempty"`
+	// KeepTask nil or true keeps the first user message (the task) and the
+	// latest user instruction verbatim in the effective history through
+	// every reduction; false lets a summary stand in for them.
+	KeepTask *bool `json:"keep_task,omitempty"`
+	// MinGainTokens: an automatic condense or masking that would free fewer
+	// tokens is not made, since each one breaks the agent's prompt cache.
+	// nil means DefaultMinGainTokens; 0 turns the check off. Manual and
+	// forced (overflow) condenses are exempt.
+	MinGainTokens *int `json:"min_gain_tokens,omitempty"`
 }
+
+// MaskSettings are a profile's observation masking (issue 13): when the
+// threshold is crossed, the bodies of older tool results are replaced in the
+// effective history by a one-line stand-in, and a condense runs only if the
+// context is still over the threshold.
+type MaskSettings struct {
+	Enabled bool `json:"enabled,omitempty"`
+	// KeepLast tool results (the most recent) stay whole; nil means
+	// DefaultMaskKeepLast.
+	KeepLast *int `json:"keep_last,omitempty"`
+	// ExcludeTools are tool names whose results are never masked.
+	ExcludeTools []string `json:"exclude_tools,omitempty"`
+	// MinGainTokens overrides the profile's min_gain_tokens for masking.
+	MinGainTokens *int `json:"min_gain_tokens,omitempty"`
+}
+
+// Masking and minimum-gain defaults and bounds.
+const (
+	// DefaultMaskKeepLast is how many recent tool results masking keeps whole.
+	DefaultMaskKeepLast = 3
+	// DefaultMinGainTokens is the least an automatic reduction must free:
+	// about one screen of tool output, far below any window's threshold
+	// margin yet above the cost of re-reading a broken prompt cache for a
+	// handful of tokens. Capped at 5 % of the window for small windows.
+	DefaultMinGainTokens = 1000
+	// MaxMaskExcludeTools bounds mask.exclude_tools, and MaxToolNameLen each name.
+	MaxMaskExcludeTools = 100
+	MaxToolNameLen      = 128
+	// MaxMaskKeepLast bounds mask.keep_last.
+	MaxMaskKeepLast = 10_000
+)
+
+// MaskKeepLast is mask.keep_last, or DefaultMaskKeepLast when unset.
+func (p *Profile) MaskKeepLast() int {
+	if p.Mask.KeepLast != nil {
+		return *p.Mask.KeepLast
+	}
+	return DefaultMaskKeepLast
+}
+
+// MinGain is min_gain_tokens, or DefaultMinGainTokens capped at 5 % of the
+// context window when unset.
+func (p *Profile) MinGain() int {
+	if p.MinGainTokens != nil {
+		return *p.MinGainTokens
+	}
+	return min(DefaultMinGainTokens, p.ContextWindow/20)
+}
+
+// MaskMinGain is mask.min_gain_tokens, or the profile's MinGain.
+func (p *Profile) MaskMinGain() int {
+	if p.Mask.MinGainTokens != nil {
+		return *p.Mask.MinGainTokens
+	}
+	return p.MinGain()
+}
+
+// KeepsTask reports keep_task, true when unset.
+func (p *Profile) KeepsTask() bool { return p.KeepTask == nil || *p.KeepTask }
 
 // Validate checks the fields that cannot fall back to a default, and bounds
 // every number. condense_threshold is the exception: as in Roo, a value
@@ -134,6 +204,25 @@ func (p *Profile) Validate() error {
 	}{{"llm", p.LLM}, {"condense_llm", p.CondenseLLM}} {
 		if l.c.TimeoutSeconds < 0 || l.c.TimeoutSeconds > MaxLLMTimeoutSeconds {
 			return Errorf(ReasonBadProfile, "profile %q: %s.timeout_seconds must be in [0, %d]", p.ID, l.name, MaxLLMTimeoutSeconds)
+		}
+	}
+	if k := p.Mask.KeepLast; k != nil && (*k < 0 || *k > MaxMaskKeepLast) {
+		return Errorf(ReasonBadProfile, "profile %q: mask.keep_last must be in [0, %d]", p.ID, MaxMaskKeepLast)
+	}
+	if len(p.Mask.ExcludeTools) > MaxMaskExcludeTools {
+		return Errorf(ReasonBadProfile, "profile %q: mask.exclude_tools has more than %d names", p.ID, MaxMaskExcludeTools)
+	}
+	for _, n := range p.Mask.ExcludeTools {
+		if n == "" || len(n) > MaxToolNameLen {
+			return Errorf(ReasonBadProfile, "profile %q: mask.exclude_tools names must be 1-%d bytes", p.ID, MaxToolNameLen)
+		}
+	}
+	for _, g := range []struct {
+		name string
+		v    *int
+	}{{"min_gain_tokens", p.MinGainTokens}, {"mask.min_gain_tokens", p.Mask.MinGainTokens}} {
+		if g.v != nil && (*g.v < 0 || *g.v > MaxTokenCount) {
+			return Errorf(ReasonBadProfile, "profile %q: %s must be in [0, %d]", p.ID, g.name, MaxTokenCount)
 		}
 	}
 	for _, pr := range []struct {

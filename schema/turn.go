@@ -51,6 +51,10 @@ type Turn struct {
 	Content        Content `json:"content"`
 	SystemPrompt   string  `json:"system_prompt,omitempty"`
 	Usage          *Usage  `json:"usage,omitempty"`
+	// Pinned asks that the turn stay verbatim in the effective history
+	// through every reduction (condense, masking, truncation). A pin input
+	// can change it later (ConversationState.Pins).
+	Pinned bool `json:"pinned,omitempty"`
 }
 
 // Message is a stored message: a turn, a summary or a truncation marker, with
@@ -64,6 +68,14 @@ type Message struct {
 	IsTruncationMarker bool   `json:"is_truncation_marker,omitempty"`
 	TruncationID       string `json:"truncation_id,omitempty"`
 	TruncationParent   string `json:"truncation_parent,omitempty"`
+	// MaskOf is set on a masked stand-in: the id of the stored message whose
+	// tool results it shows masked. A stand-in is also a summary (IsSummary,
+	// CondenseID = the mask id) so that everything that reads the two parent
+	// tags, the store's queries included, hides the original behind it; the
+	// original is tagged condense_parent = the mask id. MaskedAt is the ts of
+	// the input that masked it: a rewind to that ts or earlier undoes it.
+	MaskOf   string `json:"mask_of,omitempty"`
+	MaskedAt int64  `json:"masked_at,omitempty"`
 	// Tokens is this message's count (fudge factor applied), taken once when
 	// the message is stored.
 	Tokens int `json:"tokens"`
@@ -71,4 +83,13 @@ type Message struct {
 
 // Synthetic reports whether ctxpipe made the message (a summary or a marker)
 // rather than an agent.
+// A masked stand-in is synthetic too: the agent's own message is the
+// original it stands in for.
 func (m *Message) Synthetic() bool { return m.IsSummary || m.IsTruncationMarker }
+
+// IsMask reports whether m is a masked stand-in (see MaskOf).
+func (m *Message) IsMask() bool { return m.MaskOf != "" }
+
+// IsCondenseSummary reports whether m is a condense's summary: a summary that
+// is not a masked stand-in.
+func (m *Message) IsCondenseSummary() bool { return m.IsSummary && m.MaskOf == "" }
