@@ -108,9 +108,7 @@ func unmarshalContent(c *Content, b []byte, blocks func([]byte) ([]Block, error)
 	return fmt.Errorf("content: want a string or an array of blocks")
 }
 
-// The input decoder. encoding/json hands a Content's bytes to its
-// UnmarshalJSON, which decodes them again, so every level of content nested
-// in content re-reads everything below it. A turn's content holds blocks,
+// The input decoder's content types. A turn's content holds blocks,
 // and a tool_result's content holds blocks that carry no content of their
 // own, so an input is decoded with types that know their level and refuse a
 // third level as soon as they meet it, before reading it: decoding stays
@@ -135,46 +133,7 @@ type (
 	noContent struct{}
 )
 
-func (c *turnContent) UnmarshalJSON(b []byte) error {
-	return unmarshalContent((*Content)(c), b, func(b []byte) ([]Block, error) {
-		var wire []inputBlock
-		if err := json.Unmarshal(b, &wire); err != nil {
-			return nil, err
-		}
-		if wire == nil {
-			return nil, nil
-		}
-		blocks := make([]Block, len(wire))
-		for i := range wire {
-			blocks[i] = wire[i].Block
-			blocks[i].Content = (*Content)(wire[i].Content)
-		}
-		return blocks, nil
-	})
-}
-
-func (c *innerContent) UnmarshalJSON(b []byte) error {
-	return unmarshalContent((*Content)(c), b, func(b []byte) ([]Block, error) {
-		var wire []innerBlock
-		if err := json.Unmarshal(b, &wire); err != nil {
-			return nil, err
-		}
-		if wire == nil {
-			return nil, nil
-		}
-		blocks := make([]Block, len(wire))
-		for i := range wire {
-			blocks[i] = wire[i].Block // wire[i].Content is nil: noContent refuses any other value
-		}
-		return blocks, nil
-	})
-}
-
-// UnmarshalJSON refuses every value but null, which encoding/json sets
-// without calling it. It does not look at b, so what is below is never read.
-func (*noContent) UnmarshalJSON([]byte) error {
-	return Errorf(ReasonBadBlock, "a block inside a tool_result cannot carry content of its own")
-}
+// Their UnmarshalJSONFrom methods are in jsondec.go.
 
 // MarshalJSON writes the form the content arrived in.
 func (c Content) MarshalJSON() ([]byte, error) {

@@ -248,7 +248,7 @@ func DecodeInput(subject string, data []byte) (Input, error) {
 			Turn
 			Content turnContent `json:"content"`
 		}
-		if err := json.Unmarshal(data, &w); err != nil {
+		if err := decodeJSON(data, &w); err != nil {
 			if ReasonOf(err) != "" {
 				return Input{}, err // a rule the content decoder enforces as it reads
 			}
@@ -268,7 +268,7 @@ func DecodeInput(subject string, data []byte) (Input, error) {
 		return in, nil
 	}
 	var c control
-	if err := json.Unmarshal(data, &c); err != nil {
+	if err := decodeJSON(data, &c); err != nil {
 		return Input{}, Errorf(ReasonInvalidJSON, "%s: %v", kind, cleanJSONError(err))
 	}
 	if err := validateID(c.ID); err != nil {
