@@ -17,8 +17,8 @@ import (
 // TestServiceUnderNatsConf runs the real service against a server started
 // from the repo's nats.conf, as its least-privilege ctxpipe user: it must be
 // able to do everything it does (streams, KV watch, consumer reset on a
-// restart, queue-group queries, events), with an agent and a UI user as
-// clients.
+// restart, queue-group queries, events), with tenant acme's agent and UI
+// users as clients.
 func TestServiceUnderNatsConf(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: starts two services")
@@ -41,12 +41,14 @@ func TestServiceUnderNatsConf(t *testing.T) {
 		t.Cleanup(func() { _ = m.Close() })
 		return m
 	}
-	user := func(name, password string) *client {
-		return connect(t, url, nats.UserInfo(name, password))
+	// A tenant's users, each with the inbox prefix nats.conf allows it
+	// (bus.ConnConfig derives the same from --nats-user).
+	user := func(name string) *client {
+		return connect(t, url, nats.UserInfo(name, name+"-demo-password"), nats.CustomInboxPrefix("_INBOX_"+name))
 	}
 	svc := run()
-	agent := user("agent", "agent-demo-password")
-	ui := user("ui", "ui-demo-password")
+	agent := user("acme-agent")
+	ui := user("acme-ui")
 
 	rng := rand.New(rand.NewPCG(3, 3))
 	const conv = "under-conf"
