@@ -13,7 +13,6 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -296,41 +295,9 @@ func (m *Main) connect(ctx context.Context) error {
 		m.nc = nc
 		return nil
 	}
-	opts := &server.Options{
-		ServerName: "ctxpipe-embedded",
-		JetStream:  true,
-		StoreDir:   filepath.Join(c.DataDir, "nats"),
-		MaxPayload: bus.MaxMsgSize,
-		NoSigs:     true,
-		DontListen: c.Listen == "",
-	}
-	if c.Listen != "" {
-		host, port, err := net.SplitHostPort(c.Listen)
-		if err != nil {
-			return fmt.Errorf("--listen %q: %w", c.Listen, err)
-		}
-		opts.Host = host
-		if opts.Port, err = strconv.Atoi(port); err != nil {
-			return fmt.Errorf("--listen %q: bad port", c.Listen)
-		}
-	}
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		return fmt.Errorf("embedded nats server: %w", err)
-	}
-	ns.SetLoggerV2(natsLogger{m.Log}, false, false, false)
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		ns.Shutdown()
-		return fmt.Errorf("embedded nats server did not start on %s (is the port taken? use --listen or --nats-url)", c.Listen)
-	}
-	m.ns = ns
-	nc, err := nats.Connect("", nats.InProcessServer(ns), nats.Name("ctxpipe-consumer"))
-	if err != nil {
-		return fmt.Errorf("connect to the embedded server: %w", err)
-	}
-	m.nc = nc
-	return nil
+	// The embedded server has nats.conf's accounts and users, and the
+	// service logs in to it as ctxpipe (embedded.go).
+	return m.startEmbedded()
 }
 
 func (m *Main) seedProfiles() ([]schema.Profile, error) {
