@@ -108,6 +108,10 @@ func (m *Main) startEmbedded() error {
 		return fmt.Errorf("embedded nats server did not start on %s (is the port taken? use --listen or --nats-url)", c.Listen)
 	}
 	cfg := bus.ConnConfig{User: ServiceUser, Password: password, InboxPrefix: c.NATS.InboxPrefix, Name: "ctxpipe-consumer", Log: m.Log}
+	if !opts.DontListen {
+		// Only for the logs: an in-process connection dials nothing.
+		cfg.URL = ns.ClientURL()
+	}
 	nc, err := bus.Connect(cfg, nats.InProcessServer(ns))
 	if err != nil {
 		ns.Shutdown()

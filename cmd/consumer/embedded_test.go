@@ -67,6 +67,9 @@ func TestEmbeddedServerUsesNATSConf(t *testing.T) {
 	if got := m.nc.Opts.User; got != ServiceUser {
 		t.Fatalf("the service connected as %q", got)
 	}
+	if got := m.nc.ConnectedUrl(); got != url {
+		t.Fatalf("the service's connection says it is on %s, the server listens on %s", got, url)
+	}
 	if got := m.nc.Opts.InboxPrefix; got != "_INBOX_"+ServiceUser {
 		t.Fatalf("the service's inbox prefix is %q", got)
 	}
