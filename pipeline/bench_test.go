@@ -17,6 +17,7 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/stages"
 	"github.com/ctxpipe/ctxpipe/store"
+	"github.com/ctxpipe/ctxpipe/tokens"
 )
 
 // transcriptTurns loads the real agent runs as raw turn payloads.
@@ -66,6 +67,11 @@ func loadStream(b *testing.B, subjects []string, payloads [][]byte, ids []string
 // and does nothing else.
 func BenchmarkPipeline(b *testing.B) {
 	subjects, payloads, ids := transcriptTurns(b)
+	// The service loads the tokenizer's vocabulary once, at start; the
+	// figure is the steady state, not that.
+	if _, err := tokens.O200K(); err != nil {
+		b.Fatal(err)
+	}
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		js := loadStream(b, subjects, payloads, ids)

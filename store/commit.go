@@ -152,6 +152,15 @@ func (s *Store) Commit(ctx context.Context, batch []Entry) ([]Result, error) {
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
+	// The next batch of these conversations reads these messages back at
+	// once: keep them decoded rather than decode the bodies just encoded.
+	for i := range enc {
+		if !results[i].Duplicate {
+			for _, em := range enc[i].msgs {
+				s.cache.put(em.m.ID, em.m, len(em.body))
+			}
+		}
+	}
 	return results, nil
 }
 

@@ -77,7 +77,14 @@ func state(ctx context.Context, q querier, conv string) (schema.ConversationStat
 // The messages share their content with the store's cache of decoded
 // bodies: treat them as read-only (copy a Content before changing it).
 func (s *Store) Messages(ctx context.Context, conv string) ([]schema.Message, error) {
-	return messages(ctx, s.r, s.cache, conv)
+	// The bodies the cache lacks are read by a second query: both read one
+	// snapshot.
+	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("messages of %s: %w", conv, err)
+	}
+	defer tx.Rollback()
+	return messages(ctx, tx, s.cache, conv)
 }
 
 // Visible returns the messages that no stored summary or marker hides, in
@@ -115,8 +122,109 @@ func (s *Store) HiddenCount(ctx context.Context, conv string) (stored, hidden in
 const allMessages = `SELECT id, is_summary, condense_id, condense_parent, is_truncation_marker,
 		truncation_id, truncation_parent, tokens, body FROM messages WHERE conversation_id = ?1 ORDER BY pos`
 
+// messageTags is allMessages without the bodies, which the cache mostly
+// holds decoded already.
+const messageTags = `SELECT id, is_summary, condense_id, condense_parent, is_truncation_marker,
+		truncation_id, truncation_parent, tokens FROM messages WHERE conversation_id = ?1 ORDER BY pos`
+
+// messages reads the tag columns of every message and only the bodies the
+// cache does not hold, so reading a long history the pipeline appends to
+// costs no copy and no decoding of bodies read before.
 func messages(ctx context.Context, q querier, c *messageCache, conv string) ([]schema.Message, error) {
-	return queryMessages(ctx, q, c, conv, allMessages)
+	if c == nil {
+		return queryMessages(ctx, q, c, conv, allMessages)
+	}
+	rows, err := q.QueryContext(ctx, messageTags, conv)
+	if err != nil {
+		return nil, fmt.Errorf("messages of %s: %w", conv, err)
+	}
+	defer rows.Close()
+	var (
+		out    []schema.Message
+		missed []int
+	)
+	for rows.Next() {
+		var (
+			id string
+			t  schema.Message
+		)
+		if err := rows.Scan(&id, &t.IsSummary, &t.CondenseID, &t.CondenseParent, &t.IsTruncationMarker,
+			&t.TruncationID, &t.TruncationParent, &t.Tokens); err != nil {
+			return nil, fmt.Errorf("messages of %s: %w", conv, err)
+		}
+		m, ok := c.get(id)
+		if !ok {
+			m.ID = id
+			missed = append(missed, len(out))
+		}
+		setTags(&m, &t)
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("messages of %s: %w", conv, err)
+	}
+	rows.Close()
+	for len(missed) > 0 {
+		n := min(len(missed), 500) // under SQLite's bound-parameter limit
+		if err := fillBodies(ctx, q, c, conv, out, missed[:n]); err != nil {
+			return nil, err
+		}
+		missed = missed[n:]
+	}
+	return out, nil
+}
+
+// fillBodies decodes the bodies of out[idx...], which hold only their ids
+// and tags, and caches them.
+func fillBodies(ctx context.Context, q querier, c *messageCache, conv string, out []schema.Message, idx []int) error {
+	args := make([]any, 0, len(idx)+1)
+	args = append(args, conv)
+	at := make(map[string]int, len(idx))
+	for _, i := range idx {
+		args = append(args, out[i].ID)
+		at[out[i].ID] = i
+	}
+	rows, err := q.QueryContext(ctx, "SELECT id, body FROM messages WHERE conversation_id = ? AND id IN (?"+
+		strings.Repeat(",?", len(idx)-1)+")", args...)
+	if err != nil {
+		return fmt.Errorf("messages of %s: %w", conv, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			id   string
+			body []byte
+			m    schema.Message
+		)
+		if err := rows.Scan(&id, &body); err != nil {
+			return fmt.Errorf("messages of %s: %w", conv, err)
+		}
+		if err := json.Unmarshal(body, &m); err != nil {
+			return fmt.Errorf("messages of %s: decode %s: %w", conv, id, err)
+		}
+		c.put(id, m, len(body))
+		i, ok := at[id]
+		if !ok {
+			continue
+		}
+		delete(at, id)
+		setTags(&m, &out[i])
+		out[i] = m
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("messages of %s: %w", conv, err)
+	}
+	if len(at) > 0 {
+		return fmt.Errorf("messages of %s: %d bodies vanished while reading", conv, len(at))
+	}
+	return nil
+}
+
+// setTags copies the tag columns, the truth for the tags, from t to m.
+func setTags(m, t *schema.Message) {
+	m.IsSummary, m.CondenseID, m.CondenseParent = t.IsSummary, t.CondenseID, t.CondenseParent
+	m.IsTruncationMarker, m.TruncationID, m.TruncationParent = t.IsTruncationMarker, t.TruncationID, t.TruncationParent
+	m.Tokens = t.Tokens
 }
 
 // MessagesRaw is Messages with each message's stored body, as Visible gives them.
