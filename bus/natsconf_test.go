@@ -725,3 +725,36 @@ func TestNATSConfLimits(t *testing.T) {
 		}
 	}
 }
+
+// Each user's reply subjects are under the prefix nats.conf lets it
+// subscribe to: derived from --nats-user unless --nats-inbox-prefix says.
+func TestConnConfigInboxPrefix(t *testing.T) {
+	for _, tt := range []struct {
+		cfg  bus.ConnConfig
+		want string
+	}{
+		{bus.ConnConfig{}, nats.InboxPrefix[:len(nats.InboxPrefix)-1]}, // the library's _INBOX
+		{bus.ConnConfig{User: "acme-agent"}, "_INBOX_acme-agent"},
+		{bus.ConnConfig{User: "a.b*c>d e"}, "_INBOX_a_b_c_d_e"}, // one subject token whatever the name
+		{bus.ConnConfig{User: "acme-agent", InboxPrefix: "_INBOX_x"}, "_INBOX_x"},
+		{bus.ConnConfig{Token: "t", InboxPrefix: "_INBOX_acme-ui"}, "_INBOX_acme-ui"}, // no user name to derive from
+	} {
+		opts, err := tt.cfg.Options()
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := nats.GetDefaultOptions()
+		for _, f := range opts {
+			if err := f(&o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := o.InboxPrefix
+		if got == "" {
+			got = nats.InboxPrefix[:len(nats.InboxPrefix)-1]
+		}
+		if got != tt.want {
+			t.Errorf("%+v: inbox prefix %q, want %q", tt.cfg, got, tt.want)
+		}
+	}
+}
