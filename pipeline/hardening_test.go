@@ -153,7 +153,8 @@ func TestWaitFloodDoesNotBlockQueries(t *testing.T) {
 // (issue 7, item 9).
 func TestLargeHistoryIsPaged(t *testing.T) {
 	h := start(t, schema.Profile{ID: schema.DefaultProfileID, ContextWindow: 10_000_000, MaxTokens: 1000})
-	big := strings.Repeat("x", 3<<20)
+	// Many short words: cheap to count, unlike one 3 MiB word.
+	big := strings.Repeat("word ", 3<<20/5)
 	var last schema.Turn
 	for i := range 3 {
 		role := schema.RoleUser

@@ -53,6 +53,12 @@ type Runner struct {
 	held      map[*job]struct{}
 	heldBytes int
 	roomFreed *sync.Cond // signalled when held bytes go down
+	// maxSeq is the highest stream sequence fetched, and unapplied the
+	// sequences given back without being applied: with held they give the
+	// runner its own ack floor (ackFloor), so rebuilding the consumer
+	// after a node loss needs no answer from the consumer's old leader.
+	maxSeq    uint64
+	unapplied map[uint64]struct{}
 }
 
 // job is one fetched JetStream message on its way through a worker.
@@ -77,7 +83,7 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	if d.Log == nil {
 		d.Log = slog.Default()
 	}
-	r := &Runner{cfg: cfg, Deps: d, waiters: newWaiters(), held: map[*job]struct{}{}}
+	r := &Runner{cfg: cfg, Deps: d, waiters: newWaiters(), held: map[*job]struct{}{}, unapplied: map[uint64]struct{}{}}
 	r.roomFreed = sync.NewCond(&r.heldMu)
 	r.Metrics.Help("ctxpipe_inputs_total", "Inputs by outcome (applied, rejected, duplicate).")
 	r.Metrics.Help("ctxpipe_events_total", "Events committed to the outbox, by type.")
@@ -104,6 +110,13 @@ func (r *Runner) ConsumerConfig() jetstream.ConsumerConfig {
 		MaxAckPending: r.cfg.Lanes*r.cfg.LaneBuffer + r.cfg.MaxBatch,
 		FilterSubject: bus.InputSubjects,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
+		// One replica, whatever the stream's: the consumer's only state
+		// is its position, which the runner rebuilds from its own ack floor
+		// (or, at start, SQLite's idempotency makes any earlier start
+		// safe). A replicated consumer would have to elect a new leader
+		// after a node loss before anything flows again (7-10 s), and
+		// creating one while a peer is down waits for that peer.
+		Replicas: 1,
 	}
 }
 
@@ -255,9 +268,11 @@ func (r *Runner) consumeOnce(ctx context.Context, up func()) error {
 	}
 }
 
-// probe asks the server about the consumer every ProbeInterval while the
-// runner fetches from it. An idle consumer sends no messages, so without
-// this the runner could not tell an idle stream from a dead consumer.
+// probe asks the server about the consumer and its stream every
+// ProbeInterval while the runner fetches. An idle consumer sends no
+// messages, so without this the runner could not tell an idle stream from a
+// dead consumer; and a stream without a leader (no quorum) stores no new
+// input, so nothing can be consumed even while the consumer answers.
 func (r *Runner) probe(ctx context.Context, cons jetstream.Consumer) {
 	t := time.NewTicker(r.cfg.ProbeInterval)
 	defer t.Stop()
@@ -268,19 +283,36 @@ func (r *Runner) probe(ctx context.Context, cons jetstream.Consumer) {
 		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.ProbeInterval)
-		info, err := cons.Info(pctx)
+		err := r.check(pctx, cons)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
 			r.health.probeFailed(err)
-		case info.Cluster != nil && info.Cluster.Leader == "" && len(info.Cluster.Replicas) > 0:
-			r.health.probeFailed(errors.New("consumer has no leader"))
 		default:
 			r.health.fetched(time.Now())
 		}
 	}
+}
+
+// check asks for the consumer's and the stream's info; both need a leader.
+func (r *Runner) check(ctx context.Context, cons jetstream.Consumer) error {
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("consumer info: %w", err)
+	}
+	if info.Cluster != nil && info.Cluster.Leader == "" && len(info.Cluster.Replicas) > 0 {
+		return errors.New("consumer has no leader")
+	}
+	s, err := r.JS.Stream(ctx, bus.StreamIn)
+	if err != nil {
+		return fmt.Errorf("stream info: %w", err)
+	}
+	if c := s.CachedInfo().Cluster; c != nil && c.Leader == "" {
+		return errors.New("stream has no leader")
+	}
+	return nil
 }
 
 // resume (re)creates the durable consumer so that it starts right after its
@@ -301,27 +333,40 @@ func (r *Runner) resume(ctx context.Context) (jetstream.Consumer, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	cfg := r.ConsumerConfig()
-	old, err := r.JS.Consumer(ctx, bus.StreamIn, cfg.Durable)
-	switch {
-	case errors.Is(err, jetstream.ErrConsumerNotFound):
-	case err != nil:
-		return nil, fmt.Errorf("consumer %s: %w", cfg.Durable, err)
-	default:
-		info := old.CachedInfo()
-		if floor := info.AckFloor.Stream; floor > 0 {
-			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
-		}
+	if floor, ok := r.ackFloor(); ok {
+		// A rebuild: this runner knows its own floor. Asking the old
+		// consumer would wait for it to elect a leader after a node loss.
 		if err := r.JS.DeleteConsumer(ctx, bus.StreamIn, cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return nil, fmt.Errorf("reset consumer %s: %w", cfg.Durable, err)
 		}
-		r.Log.Info("resuming after the ack floor", "consumer", cfg.Durable, "ack_floor", info.AckFloor.Stream,
-			"unacked", info.NumAckPending, "delivered", info.Delivered.Stream)
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
+		r.Log.Info("resuming after this runner's ack floor", "consumer", cfg.Durable, "ack_floor", floor)
+	} else {
+		old, err := r.JS.Consumer(ctx, bus.StreamIn, cfg.Durable)
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
+		case err != nil:
+			return nil, fmt.Errorf("consumer %s: %w", cfg.Durable, err)
+		default:
+			info := old.CachedInfo()
+			if floor := info.AckFloor.Stream; floor > 0 {
+				cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
+			}
+			if err := r.JS.DeleteConsumer(ctx, bus.StreamIn, cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return nil, fmt.Errorf("reset consumer %s: %w", cfg.Durable, err)
+			}
+			r.Log.Info("resuming after the ack floor", "consumer", cfg.Durable, "ack_floor", info.AckFloor.Stream,
+				"unacked", info.NumAckPending, "delivered", info.Delivered.Stream)
+		}
 	}
 	// Inputs held from the consumer just deleted can no longer be acked.
 	r.gen.Add(1)
 	cons, err := r.JS.CreateOrUpdateConsumer(ctx, bus.StreamIn, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create consumer %s: %w", cfg.Durable, err)
+	}
+	if cfg.OptStartSeq > 0 {
+		r.restartAt(cfg.OptStartSeq)
 	}
 	return cons, nil
 }
@@ -353,7 +398,40 @@ func (r *Runner) hold(j *job) {
 	}
 	r.held[j] = struct{}{}
 	r.heldBytes += n
+	r.maxSeq = max(r.maxSeq, j.seq)
 	r.heldMu.Unlock()
+}
+
+// ackFloor is the highest sequence below which every input fetched was
+// applied (committed): nothing held, nothing given back. ok is false before
+// anything was fetched.
+func (r *Runner) ackFloor() (floor uint64, ok bool) {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	if r.maxSeq == 0 {
+		return 0, false
+	}
+	floor = r.maxSeq
+	for j := range r.held {
+		if j.seq > 0 && j.seq <= floor {
+			floor = j.seq - 1
+		}
+	}
+	for seq := range r.unapplied {
+		if seq <= floor {
+			floor = seq - 1
+		}
+	}
+	return floor, true
+}
+
+// restartAt records that a new consumer delivers everything from seq on:
+// what was given back before is delivered again.
+func (r *Runner) restartAt(seq uint64) {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	clear(r.unapplied)
+	r.maxSeq = max(r.maxSeq, seq-1)
 }
 
 func (r *Runner) release(j *job) {
@@ -494,6 +572,13 @@ func (r *Runner) ack(batch []*job) {
 // giveBack naks inputs that were not applied (shutdown), so another
 // instance, or this one after a restart, gets them at once.
 func (r *Runner) giveBack(batch []*job) {
+	r.heldMu.Lock()
+	for _, j := range batch {
+		if j.seq > 0 {
+			r.unapplied[j.seq] = struct{}{}
+		}
+	}
+	r.heldMu.Unlock()
 	for _, j := range batch {
 		if err := j.msg.Nak(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) && j.gen == r.gen.Load() {
 			r.Log.Warn("nak failed", "seq", j.seq, "err", err)

@@ -603,11 +603,14 @@ func TestRestartKeepsOrderWhenNewInputsArrive(t *testing.T) {
 	order, byConv := crashWorkload(crashProfile)
 	// Phase one: the first 60 turns of each conversation.
 	split := 60 * len(byConv)
-	if err := <-publishAll(r.c.js, order[:split]); err != nil {
-		t.Fatal(err)
-	}
+	// The kill comes while phase one is still being published and applied:
+	// the service must hold inputs it has not applied yet.
+	published := publishAll(r.c.js, order[:split])
 	r.waitApplied(order[split/15])
 	atKill := r.kill(p1)
+	if err := <-published; err != nil {
+		t.Fatal(err)
+	}
 	applied := appliedCount(t, r.dbPath, order)
 	t.Logf("at the kill: %d of %d inputs applied, %d held by the killed process", applied, split, atKill.NumAckPending)
 	if atKill.NumAckPending == 0 || applied >= split {

@@ -62,7 +62,6 @@ func DefaultConfig() Config {
 		LogLevel:   "info",
 		LogFormat:  "text",
 		Retention:  7 * 24 * time.Hour,
-		Replicas:   1,
 		PruneEvery: time.Hour,
 		Globals:    schema.DefaultGlobals(),
 		Pipeline:   pipeline.DefaultConfig(),
@@ -107,7 +106,7 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.StringVar(&c.ProfilesFile, "profiles", c.ProfilesFile, "JSON array of profiles that seeds the ctx_profiles bucket (built-in set when empty)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
-	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "replicas of CTX_IN, CTX_EVENTS and the buckets when ctxpipe creates them (3 on a cluster); an existing stream's are never lowered")
+	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "replicas of CTX_IN, CTX_EVENTS and the buckets (3 on a cluster; 0: 1 when creating them, an existing stream's as they are); an existing stream's are raised when asked, never lowered")
 	fs.DurationVar(&c.Retention, "retention", c.Retention, "how long published outbox rows and rejected payloads are kept (history, events and applied inputs are kept for ever)")
 	fs.DurationVar(&c.PruneEvery, "prune-every", c.PruneEvery, "how often old outbox rows and rejected payloads are pruned")
 	fs.BoolVar(&c.Globals.AutoCondense, "auto-condense", c.Globals.AutoCondense, "condense automatically when a profile does not say (Roo's autoCondenseContext)")
@@ -130,8 +129,8 @@ func (m *Main) ParseFlags(args []string) error {
 	if !explicit {
 		c.NATS.URL = ""
 	}
-	if c.Replicas < 1 || c.Replicas > 5 {
-		return fmt.Errorf("--replicas %d must be in [1, 5]", c.Replicas)
+	if c.Replicas < 0 || c.Replicas > 5 {
+		return fmt.Errorf("--replicas %d must be in [0, 5]", c.Replicas)
 	}
 	if c.Retention <= 0 || c.PruneEvery <= 0 {
 		return fmt.Errorf("--retention and --prune-every must be positive")
@@ -172,12 +171,19 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
+	// Each start step waits out a cluster without quorum (it says so)
+	// rather than failing the start.
 	busOpts := []bus.Option{bus.WithReplicas(c.Replicas), bus.WithLogger(log)}
-	if err := bus.EnsureStreams(ctx, js, busOpts...); err != nil {
+	if err := bus.RetryStart(ctx, log, "ensure streams", func(ctx context.Context) error {
+		return bus.EnsureStreams(ctx, js, busOpts...)
+	}); err != nil {
 		return err
 	}
-	kv, err := bus.EnsureProfiles(ctx, js, busOpts...)
-	if err != nil {
+	var kv jetstream.KeyValue
+	if err := bus.RetryStart(ctx, log, "ensure the profiles bucket", func(ctx context.Context) (err error) {
+		kv, err = bus.EnsureProfiles(ctx, js, busOpts...)
+		return err
+	}); err != nil {
 		return err
 	}
 	seed, err := m.seedProfiles()
