@@ -1,0 +1,105 @@
+// Package client is a typed Go client of ctxpipe's wire contract: it
+// publishes turns and control inputs to CTX_IN with their dedup ids, asks
+// the queries (ctx.q.history, ctx.q.status, ctx.q.events) and follows a
+// conversation's events, live and replayed from the start.
+//
+// Failures are typed: a query the service refuses is a *QueryError
+// carrying the service's code, an input the service rejected is a
+// *RejectedError carrying the reason code, and both match sentinels with
+// errors.Is (ErrNotFound, ErrTimeout, ErrRejected, ...).
+//
+// Tenancy needs nothing here: inside a tenant's account a client uses the
+// same subjects and the server maps them onto the tenant's.
+//
+// Layering: client sits above schema and bus; cmd/publisher and the
+// dashboard use it, and nothing below cmd/ imports it.
+package client
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+)
+
+// DefaultTimeout bounds a call whose context has no deadline: one request,
+// one publish, or a wait for an input to be applied.
+const DefaultTimeout = 10 * time.Second
+
+// Client talks to ctxpipe over one NATS connection. It is safe for
+// concurrent use.
+type Client struct {
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	own     bool // Close closes nc: Connect made it
+	timeout time.Duration
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithTimeout replaces DefaultTimeout.
+func WithTimeout(d time.Duration) Option {
+	return func(c *Client) {
+		if d > 0 {
+			c.timeout = d
+		}
+	}
+}
+
+// New returns a client over nc, which stays the caller's: Close leaves it
+// open.
+func New(nc *nats.Conn, opts ...Option) (*Client, error) {
+	if nc == nil {
+		return nil, fmt.Errorf("ctxpipe client: nil connection")
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("ctxpipe client: jetstream: %w", err)
+	}
+	c := &Client{nc: nc, js: js, timeout: DefaultTimeout}
+	for _, o := range opts {
+		o(c)
+	}
+	return c, nil
+}
+
+// Connect connects with cfg (bus.Connect: credentials, per-user inbox
+// prefix, reconnect for ever) and returns a client that owns the
+// connection: Close closes it.
+func Connect(cfg bus.ConnConfig, opts ...Option) (*Client, error) {
+	if cfg.Name == "" {
+		cfg.Name = "ctxpipe-client"
+	}
+	nc, err := bus.Connect(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c, err := New(nc, opts...)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c.own = true
+	return c, nil
+}
+
+// Close closes the connection if Connect made it.
+func (c *Client) Close() {
+	if c.own {
+		c.nc.Close()
+	}
+}
+
+// bound gives ctx the client's timeout when it has no deadline of its own,
+// so that a lost reply or ack never blocks for ever.
+func (c *Client) bound(ctx context.Context, extra time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, c.timeout+extra)
+}

@@ -1,0 +1,312 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// ProgressPrefix starts the subjects on which the service announces a
+// condense the moment it starts, before it commits (pipeline.ProgressPrefix:
+// ctx.progress.<conv>.context_managing, core NATS, no stream). The client
+// does not import the service, so the prefix is repeated here; a test holds
+// the two equal.
+const ProgressPrefix = "ctx.progress."
+
+// RawEvent is an event of a type this client does not know (a newer service
+// may add types); Data is its JSON as sent.
+type RawEvent struct {
+	schema.EventHeader
+	Data json.RawMessage
+}
+
+// EventsOption shapes an event stream.
+type EventsOption func(*eventsConfig)
+
+type eventsConfig struct {
+	replay   bool
+	after    int
+	progress bool
+}
+
+// Replay starts the stream with the conversation's stored events, oldest
+// first, skipping the first after (0: from the very first), read through
+// ctx.q.events (which works in a tenant's account, where CTX_EVENTS cannot
+// be read), and goes on with the live ones without a gap or a duplicate.
+// With Replay the stream also reads back from the service whatever it
+// missed while the connection was down.
+func Replay(after int) EventsOption {
+	return func(e *eventsConfig) { e.replay, e.after = true, max(after, 0) }
+}
+
+// WithProgress also delivers each context_managing event the moment its
+// condense starts (ctx.progress), while the summarizer runs, instead of when
+// the condense commits: a UI can show "condensing…" at once. The committed
+// copy (same id) is then not delivered again, so the event may come before
+// events committed earlier; and a condense that a crash undid may have been
+// announced.
+func WithProgress() EventsOption { return func(e *eventsConfig) { e.progress = true } }
+
+// EventStream delivers one conversation's events. Read C until it is
+// closed; Err then says why it ended.
+type EventStream struct {
+	c      chan schema.Event
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error // set before c is closed
+}
+
+// C delivers the events: each once, in commit order (see WithProgress for
+// the one exception). Events are queued in memory until read.
+func (s *EventStream) C() <-chan schema.Event { return s.c }
+
+// Err is why the stream ended, once C is closed: nil after Close, ctx's
+// error when the context ended, else the failure (a replay query that
+// failed, the connection closed).
+func (s *EventStream) Err() error {
+	select {
+	case <-s.done:
+		return s.err
+	default:
+		return nil
+	}
+}
+
+// Close ends the stream and waits until C is closed.
+func (s *EventStream) Close() {
+	s.cancel()
+	<-s.done
+}
+
+// errClosed is the cause of a stream its owner closed.
+var errClosed = errors.New("event stream closed")
+
+// Events streams conv's events: live ones from the moment Events returns
+// (a core subscription on ctx.events.<conv>.>), and with Replay the stored
+// ones first. Live events are subscribed before the replay is read and
+// matched by event id, so nothing committed in between is lost or
+// delivered twice. A conversation with no events yet (or none at all) is
+// not an error: its events arrive when it gets some.
+//
+// Without Replay, events published while the connection is down are
+// missed; with it, they are read back from the service after the
+// reconnect.
+func (c *Client) Events(ctx context.Context, conv string, opts ...EventsOption) (*EventStream, error) {
+	if err := badConversation(schema.VerbEvents, conv); err != nil {
+		return nil, err
+	}
+	var cfg eventsConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	q := &eventQueue{ready: make(chan struct{}, 1)}
+	var subs []*nats.Subscription
+	unsubscribe := func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe() // fails only on a closed connection, where it is gone anyway
+		}
+	}
+	subjects := []string{schema.EventSubjectPrefix + conv + ".>"}
+	if cfg.progress {
+		subjects = append(subjects, ProgressPrefix+conv+".>")
+	}
+	for i, subj := range subjects {
+		progress := i == 1
+		sub, err := c.nc.Subscribe(subj, func(m *nats.Msg) { q.push(m.Data, progress) })
+		if err != nil {
+			unsubscribe()
+			return nil, fmt.Errorf("ctxpipe events %s: subscribe %s: %w", conv, subj, err)
+		}
+		// The handler only queues, so the subscription never falls behind
+		// and drops; the queue holds what the reader has not taken yet.
+		_ = sub.SetPendingLimits(-1, -1)
+		subs = append(subs, sub)
+	}
+	status := c.nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
+	// The subscriptions must be in place at the server before the replay
+	// reads: then every event is in the replay or arrives live (or both).
+	fctx, fcancel := c.bound(ctx, 0)
+	err := c.nc.FlushWithContext(fctx)
+	fcancel()
+	if err != nil {
+		unsubscribe()
+		c.nc.RemoveStatusListener(status)
+		return nil, fmt.Errorf("ctxpipe events %s: %w", conv, err)
+	}
+	sctx, cancel := context.WithCancelCause(ctx)
+	s := &EventStream{c: make(chan schema.Event), cancel: func() { cancel(errClosed) }, done: make(chan struct{})}
+	f := &follower{c: c, conv: conv, out: s.c, q: q, seen: map[string]bool{}, pos: -1}
+	if cfg.replay {
+		f.pos = cfg.after
+	}
+	go func() {
+		err := f.run(sctx, status)
+		unsubscribe()
+		c.nc.RemoveStatusListener(status)
+		if errors.Is(err, errClosed) || errors.Is(context.Cause(sctx), errClosed) {
+			err = nil
+		}
+		s.err = err
+		close(s.c)
+		close(s.done)
+	}()
+	return s, nil
+}
+
+// eventQueue is an unbounded queue between the subscription handlers and
+// the stream's goroutine.
+type eventQueue struct {
+	mu    sync.Mutex
+	items []queued
+	ready chan struct{} // signalled when items become non-empty
+}
+
+type queued struct {
+	data     []byte
+	progress bool
+}
+
+func (q *eventQueue) push(data []byte, progress bool) {
+	q.mu.Lock()
+	q.items = append(q.items, queued{data, progress})
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+func (q *eventQueue) take() []queued {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	items := q.items
+	q.items = nil
+	return items
+}
+
+// follower merges the replay and the live events of one conversation.
+type follower struct {
+	c    *Client
+	conv string
+	out  chan<- schema.Event
+	q    *eventQueue
+	// seen holds every delivered event id: true once its committed copy
+	// was seen (replayed or on ctx.events), false while only its progress
+	// announcement was.
+	seen map[string]bool
+	// pos is how many of the conversation's committed events the stream
+	// has accounted for, in commit order: where a catch-up reads from.
+	// -1 without Replay: unknown, and no catch-up.
+	pos int
+}
+
+func (f *follower) run(ctx context.Context, status chan nats.Status) error {
+	if f.pos >= 0 {
+		if err := f.catchUp(ctx); err != nil {
+			return err
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case st := <-status:
+			switch st {
+			case nats.CLOSED:
+				return fmt.Errorf("ctxpipe events %s: %w", f.conv, nats.ErrConnectionClosed)
+			case nats.CONNECTED:
+				// Back after a disconnect: what was published meanwhile
+				// never reached the subscription; the service has it.
+				if f.pos >= 0 {
+					if err := f.catchUp(ctx); err != nil {
+						return err
+					}
+				}
+			}
+		case <-f.q.ready:
+			for _, m := range f.q.take() {
+				if err := f.live(ctx, m); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// catchUp reads the stored events from pos on and delivers those not seen.
+func (f *follower) catchUp(ctx context.Context) error {
+	for {
+		var rep schema.EventsReply
+		err := f.c.request(ctx, schema.VerbEvents, f.conv, schema.EventsRequest{ConversationID: f.conv, After: f.pos}, 0, &rep)
+		if errors.Is(err, ErrNotFound) {
+			return nil // no conversation yet: its events will come live
+		}
+		if err != nil {
+			return err
+		}
+		for _, raw := range rep.Events {
+			f.pos++
+			ev := decodeEvent(raw)
+			id := ev.Header().ID
+			_, known := f.seen[id] // delivered before, live or as progress
+			f.seen[id] = true
+			if known {
+				continue
+			}
+			if err := f.send(ctx, ev); err != nil {
+				return err
+			}
+		}
+		if !rep.More {
+			return nil
+		}
+	}
+}
+
+// live handles one message from a subscription.
+func (f *follower) live(ctx context.Context, m queued) error {
+	ev := decodeEvent(m.data)
+	id := ev.Header().ID
+	committed, known := f.seen[id]
+	switch {
+	case m.progress && known, !m.progress && committed:
+		return nil // delivered before
+	case m.progress:
+		f.seen[id] = false
+	default:
+		f.seen[id] = true
+		if f.pos >= 0 {
+			f.pos++
+		}
+		if known {
+			return nil // its progress announcement was delivered
+		}
+	}
+	return f.send(ctx, ev)
+}
+
+func (f *follower) send(ctx context.Context, ev schema.Event) error {
+	select {
+	case f.out <- ev:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// decodeEvent decodes an event; one of a type this client does not know
+// comes back as a *RawEvent rather than failing the stream.
+func decodeEvent(data []byte) schema.Event {
+	if ev, err := schema.DecodeEvent(data); err == nil {
+		return ev
+	}
+	raw := &RawEvent{Data: append(json.RawMessage(nil), data...)}
+	_ = json.Unmarshal(data, &raw.EventHeader) // a header that does not decode leaves it empty
+	return raw
+}

@@ -1,0 +1,92 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// Append publishes a turn to ctx.in.<conv>.turn and returns its id once
+// JetStream has stored it (the PubAck came back). An empty ID is filled
+// with a new UUID and a zero TS with the current time. The id is also the
+// Nats-Msg-Id, so publishing the same turn again is harmless: the stream
+// drops the copy inside its duplicate window and the service after it.
+//
+// Append does not validate the turn beyond its conversation id (which must
+// make a safe subject): the service is the authority, and rejects a bad turn
+// with an input_rejected event that Wait reports as a *RejectedError.
+func (c *Client) Append(ctx context.Context, turn schema.Turn) (string, error) {
+	if turn.ID == "" {
+		turn.ID = uuid.NewString()
+	}
+	if turn.TS == 0 {
+		turn.TS = time.Now().UnixMilli()
+	}
+	data, err := schema.Marshal(turn)
+	if err != nil {
+		return "", fmt.Errorf("ctxpipe append to %s: %w", turn.ConversationID, err)
+	}
+	return turn.ID, c.publish(ctx, turn.ConversationID, schema.KindTurn, turn.ID, data)
+}
+
+// Condense asks for a condense of conv now, without the threshold check
+// (Roo's button, Gemini's /compress), and returns the input's id: Wait for
+// it, or watch Events for condense_context or condense_failed. instructions
+// ("" for none; at most schema.MaxInstructionsLen characters) go to the
+// summarizer with this condense only, e.g. "keep the failing test names".
+func (c *Client) Condense(ctx context.Context, conv, instructions string) (string, error) {
+	return c.control(ctx, conv, schema.Input{Kind: schema.KindCondense, Trigger: schema.TriggerManual, Instructions: instructions})
+}
+
+// Overflow reports that the model's provider answered "context window
+// exceeded" for conv: the service reduces the context by force (a condense
+// to 75 %, a truncation if that fails). It returns the input's id.
+func (c *Client) Overflow(ctx context.Context, conv string) (string, error) {
+	return c.control(ctx, conv, schema.Input{Kind: schema.KindOverflow})
+}
+
+// Rewind undoes conv back to ts (Unix ms; the ts of a stored message, from
+// the full history): the messages from ts on are removed, except the one at
+// exactly ts when includeTarget is set (MessageManager.rewindToTimestamp),
+// and every condense and truncation at or after ts is undone, so the
+// messages they hid come back exactly. It returns the input's id.
+func (c *Client) Rewind(ctx context.Context, conv string, ts int64, includeTarget bool) (string, error) {
+	if ts <= 0 {
+		return "", &RejectedError{ConversationID: conv, Reason: schema.ReasonBadTS, Message: "ts must be a positive Unix time in milliseconds"}
+	}
+	return c.control(ctx, conv, schema.Input{Kind: schema.KindRewind, TS: ts, IncludeTarget: includeTarget})
+}
+
+func (c *Client) control(ctx context.Context, conv string, in schema.Input) (string, error) {
+	in.ID, in.ConversationID = uuid.NewString(), conv
+	if in.TS == 0 {
+		in.TS = time.Now().UnixMilli()
+	}
+	data, err := schema.ControlPayload(in)
+	if err != nil {
+		return "", fmt.Errorf("ctxpipe %s of %s: %w", in.Kind, conv, err)
+	}
+	return in.ID, c.publish(ctx, conv, in.Kind, in.ID, data)
+}
+
+// publish sends one input and waits for its PubAck; a duplicate ack is a
+// success (the input is in the stream).
+func (c *Client) publish(ctx context.Context, conv string, kind schema.InputKind, id string, data []byte) error {
+	if !schema.ValidConversationID(conv) {
+		// Refused here, as the service would: "a.b" would be read as
+		// tenant a's conversation b.
+		return &RejectedError{InputID: id, ConversationID: conv, Reason: schema.ReasonBadConversationID,
+			Message: fmt.Sprintf("conversation id %q must be 1-128 characters of [A-Za-z0-9_-], not starting with _", conv)}
+	}
+	ctx, cancel := c.bound(ctx, 0)
+	defer cancel()
+	if _, err := bus.PublishInput(ctx, c.js, schema.InputSubject(conv, kind), id, data); err != nil {
+		return fmt.Errorf("ctxpipe %s: %w", kind, err)
+	}
+	return nil
+}

@@ -1,0 +1,258 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// request asks verb and decodes the reply into reply (nil: only whether it
+// succeeded). wait is how long the service may hold the request (a
+// wait_for); it lengthens the default deadline.
+func (c *Client) request(ctx context.Context, verb schema.QueryVerb, conv string, req any, wait time.Duration, reply any) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("ctxpipe %s %s: %w", verb, conv, err)
+	}
+	ctx, cancel := c.bound(ctx, wait)
+	defer cancel()
+	msg, err := c.nc.RequestWithContext(ctx, schema.QuerySubject("", verb), body)
+	if err != nil {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return fmt.Errorf("ctxpipe %s %s: %w (%w)", verb, conv, ErrNoService, err)
+		}
+		return fmt.Errorf("ctxpipe %s %s: %w", verb, conv, err)
+	}
+	err = schema.DecodeQueryReply(msg.Data, reply)
+	var qe *schema.QueryErrorBody
+	if errors.As(err, &qe) {
+		return queryError(verb, conv, qe)
+	}
+	if err != nil {
+		return fmt.Errorf("ctxpipe %s %s: %w", verb, conv, err)
+	}
+	return nil
+}
+
+// Status returns where conv stands against its profile's window: tokens,
+// window, threshold, messages (hidden ones too), condenses, truncations.
+// An unknown conversation is ErrNotFound.
+func (c *Client) Status(ctx context.Context, conv string) (*schema.StatusReply, error) {
+	if err := badConversation(schema.VerbStatus, conv); err != nil {
+		return nil, err
+	}
+	var rep schema.StatusReply
+	if err := c.request(ctx, schema.VerbStatus, conv, schema.StatusRequest{ConversationID: conv}, 0, &rep); err != nil {
+		return nil, err
+	}
+	return &rep, nil
+}
+
+// HistoryOption shapes a history read.
+type HistoryOption func(*historyConfig)
+
+type historyConfig struct {
+	view     schema.View
+	waitFor  string
+	pageSize int
+	cursor   string
+}
+
+// View selects the view: schema.ViewEffective (the default: what the agent
+// sends its model) or schema.ViewFull (every stored message with its tags).
+func View(v schema.View) HistoryOption { return func(h *historyConfig) { h.view = v } }
+
+// WaitFor makes the read wait until input id has been applied, so it holds
+// that input's effects (an Append, a Condense, a Rewind). How long it waits
+// follows the context's deadline (else the client's timeout). A rejected
+// input fails the read with a *RejectedError.
+func WaitFor(inputID string) HistoryOption { return func(h *historyConfig) { h.waitFor = inputID } }
+
+// PageSize reads the history n messages per request (0: all in one reply
+// while it fits in a NATS message; History then falls back to pages of
+// 1,000 by itself).
+func PageSize(n int) HistoryOption { return func(h *historyConfig) { h.pageSize = n } }
+
+// Cursor starts HistoryPages at a page's NextCursor instead of the first
+// message.
+func Cursor(cursor string) HistoryOption { return func(h *historyConfig) { h.cursor = cursor } }
+
+// defaultPage is the page size History falls back to when a whole view does
+// not fit in one reply.
+const defaultPage = 1000
+
+// History returns a whole view of conv, following next_cursor across pages
+// when it does not fit in one reply. If the view changes between two pages
+// (a condense, truncation or rewind in between), the service refuses the
+// stale cursor and History reads again from the start, so the messages
+// returned are always one consistent view. An unknown conversation is
+// ErrNotFound.
+func (c *Client) History(ctx context.Context, conv string, opts ...HistoryOption) (*schema.HistoryReply, error) {
+	h := historyConfig{view: schema.ViewEffective}
+	for _, o := range opts {
+		o(&h)
+	}
+	h.cursor = "" // a whole view starts at the start
+	for attempt := 0; ; attempt++ {
+		var all *schema.HistoryReply
+		var err error
+		for page, perr := range c.pages(ctx, conv, h) {
+			if perr != nil {
+				err = perr
+				break
+			}
+			if all == nil {
+				all = page
+				continue
+			}
+			all.Messages = append(all.Messages, page.Messages...)
+		}
+		switch {
+		case err == nil:
+			all.NextCursor, all.Total = "", len(all.Messages)
+			return all, nil
+		case errors.Is(err, ErrStaleCursor) && attempt < 3:
+			// The view changed under the paging: read it again. The wait
+			// is done, the first page already had it.
+			h.waitFor = ""
+		case errors.Is(err, ErrTooLarge) && h.pageSize != 1:
+			if h.pageSize == 0 {
+				h.pageSize = defaultPage
+			} else {
+				h.pageSize = max(1, h.pageSize/2)
+			}
+		default:
+			return nil, err
+		}
+	}
+}
+
+// HistoryPages reads a view of conv page by page (PageSize, default 1,000
+// messages), starting at Cursor if given. Each page's NextCursor continues
+// it; the last has none. A page whose cursor went stale (the view changed)
+// yields an error matching ErrStaleCursor and ends the sequence: read again
+// from the start.
+func (c *Client) HistoryPages(ctx context.Context, conv string, opts ...HistoryOption) iter.Seq2[*schema.HistoryReply, error] {
+	h := historyConfig{view: schema.ViewEffective, pageSize: defaultPage}
+	for _, o := range opts {
+		o(&h)
+	}
+	return c.pages(ctx, conv, h)
+}
+
+func (c *Client) pages(ctx context.Context, conv string, h historyConfig) iter.Seq2[*schema.HistoryReply, error] {
+	return func(yield func(*schema.HistoryReply, error) bool) {
+		if err := badConversation(schema.VerbHistory, conv); err != nil {
+			yield(nil, err)
+			return
+		}
+		cursor, waitFor := h.cursor, h.waitFor
+		for {
+			req := schema.HistoryRequest{ConversationID: conv, View: h.view, WaitFor: waitFor, Limit: h.pageSize, Cursor: cursor}
+			rep, err := c.history(ctx, req)
+			if err != nil {
+				yield(nil, err)
+				return
+			}
+			if !yield(rep, nil) || rep.NextCursor == "" {
+				return
+			}
+			cursor, waitFor = rep.NextCursor, ""
+		}
+	}
+}
+
+// history sends one request, validated here first: a bad_request the
+// service answers to a request the client checked can only be the cursor's.
+func (c *Client) history(ctx context.Context, req schema.HistoryRequest) (*schema.HistoryReply, error) {
+	var wait time.Duration
+	if req.WaitFor != "" {
+		wait = c.waitBudget(ctx)
+		req.TimeoutMS = max(wait.Milliseconds(), 1)
+	}
+	if err := req.Validate(); err != nil {
+		var qe *schema.QueryErrorBody
+		if errors.As(err, &qe) {
+			return nil, queryError(schema.VerbHistory, req.ConversationID, qe)
+		}
+		return nil, err
+	}
+	var rep schema.HistoryReply
+	err := c.request(ctx, schema.VerbHistory, req.ConversationID, req, wait, &rep)
+	var qe *QueryError
+	switch {
+	case err == nil:
+		return &rep, nil
+	case errors.As(err, &qe) && qe.Code == CodeInputRejected:
+		return nil, c.rejected(ctx, req.ConversationID, req.WaitFor, qe.Message)
+	case errors.As(err, &qe) && qe.Code == schema.QueryBadRequest && req.Cursor != "":
+		return nil, fmt.Errorf("%w: %w", ErrStaleCursor, err)
+	}
+	return nil, err
+}
+
+// waitBudget is how long the service may hold a wait_for: what is left of
+// ctx's deadline less a margin for the reply to come back, else the
+// client's timeout; at most schema.MaxQueryTimeout (Wait asks again when
+// ctx allows longer).
+func (c *Client) waitBudget(ctx context.Context) time.Duration {
+	d := c.timeout
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl)
+		d = left - min(left/10, time.Second)
+	}
+	return max(min(d, schema.MaxQueryTimeout), time.Millisecond)
+}
+
+// Wait returns once input inputID of conv has been applied (its effects are
+// readable), or a *RejectedError with the reason when the service rejected
+// it. It waits while ctx allows (the client's timeout when ctx has no
+// deadline); past that it fails with ErrTimeout.
+func (c *Client) Wait(ctx context.Context, conv, inputID string) error {
+	for {
+		// One message is enough to learn the input was applied.
+		_, err := c.history(ctx, schema.HistoryRequest{ConversationID: conv, WaitFor: inputID, Limit: 1})
+		if err == nil || !errors.Is(err, ErrTimeout) {
+			return err
+		}
+		// The service caps one wait at schema.MaxQueryTimeout: ask again
+		// while ctx has time left.
+		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) < 100*time.Millisecond {
+			return err
+		}
+	}
+}
+
+// rejected builds the *RejectedError for input id from the service's
+// input_rejected reply, with the human message of its input_rejected event
+// when that can be read.
+func (c *Client) rejected(ctx context.Context, conv, id, msg string) error {
+	e := &RejectedError{InputID: id, ConversationID: conv, Reason: rejectedReason(msg), Message: msg}
+	after := 0
+	for ctx.Err() == nil {
+		var rep schema.EventsReply
+		if c.request(ctx, schema.VerbEvents, conv, schema.EventsRequest{ConversationID: conv, After: after}, 0, &rep) != nil {
+			break
+		}
+		for _, raw := range rep.Events {
+			if ev, err := schema.DecodeEvent(raw); err == nil {
+				if r, ok := ev.(*schema.InputRejected); ok && r.InputID == id {
+					e.Reason, e.Message = r.Reason, r.Message
+					return e
+				}
+			}
+		}
+		if !rep.More {
+			break
+		}
+		after = rep.Next
+	}
+	return e
+}
