@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"unicode/utf8"
+
+	jsonv2 "github.com/go-json-experiment/json"
 )
 
 // BlockType names the kind of a content block, as in the Anthropic wire format.
@@ -170,7 +172,7 @@ func (c Content) HasBlock(t BlockType) bool {
 
 // Marshal encodes v as JSON without HTML escaping, so that text and tool
 // inputs keep their characters (<, >, & are common in code) byte for byte.
-func Marshal(v any) ([]byte, error) { return marshalNoEscape(v) }
+func Marshal(v any) ([]byte, error) { return jsonv2.Marshal(v, marshalOptions) }
 
 func marshalNoEscape(v any) ([]byte, error) {
 	var buf bytes.Buffer

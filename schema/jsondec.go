@@ -5,6 +5,7 @@ import (
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
+	jsonv1 "github.com/go-json-experiment/json/v1"
 )
 
 // The input decoder reads a payload in one pass with encoding/json/v2's
@@ -103,4 +104,24 @@ func decodeContent(c *Content, dec *jsontext.Decoder, block func(*jsontext.Decod
 		return err
 	}
 	return errContent
+}
+
+// marshalOptions make encoding/json/v2 write what encoding/json wrote (its
+// legacy omitempty, method and error rules) without HTML escaping.
+var marshalOptions = jsonv2.JoinOptions(jsonv1.DefaultOptionsV1(), jsontext.EscapeForHTML(false))
+
+// MarshalJSONTo writes the form the content arrived in, into the stream
+// being encoded: encoding/json validated and compacted again whatever a
+// MarshalJSON method returned.
+func (c Content) MarshalJSONTo(enc *jsontext.Encoder) error {
+	if c.IsBlocks {
+		if c.Blocks == nil {
+			if err := enc.WriteToken(jsontext.BeginArray); err != nil {
+				return err
+			}
+			return enc.WriteToken(jsontext.EndArray)
+		}
+		return jsonv2.MarshalEncode(enc, c.Blocks)
+	}
+	return enc.WriteToken(jsontext.String(c.Text))
 }
