@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +27,9 @@ var tenants = []string{"acme", "globex"}
 
 // locksBucket is pipeline.LocksBucket (the instance lock).
 const locksBucket = "ctx_locks"
+
+// adminAPIPrefix is where the ADMIN account sees CTX's JetStream API.
+const adminAPIPrefix = "$JS.ctx.API"
 
 func password(user string) string { return user + "-demo-password" }
 
@@ -296,6 +298,106 @@ func TestNATSConfPermissions(t *testing.T) {
 		svc.subscribeRefused(t, "_INBOX_admin.>")
 	})
 
+	// Before the tenants publish: their inputs are then stored after
+	// anything admin's forged replies could have put into CTX_IN, and the
+	// check that CTX_IN holds exactly the allowed inputs covers both.
+	t.Run("admin", func(t *testing.T) {
+		admin := connectAs(t, url, "admin")
+		ajs, err := jetstream.NewWithAPIPrefix(admin.nc, adminAPIPrefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kv, err := ajs.KeyValue(ctx, bus.ProfilesBucket)
+		if err != nil {
+			t.Fatalf("admin opens %s: %v", bus.ProfilesBucket, err)
+		}
+		rev, err := kv.Put(ctx, "claude-sonnet", []byte(`{"id":"claude-sonnet","context_window":200000}`))
+		if err != nil {
+			t.Fatalf("admin puts a profile: %v", err)
+		}
+		if e, err := kv.Get(ctx, "claude-sonnet"); err != nil || !strings.Contains(string(e.Value()), "200000") {
+			t.Fatalf("admin gets the profile: %v", err)
+		}
+		if e, err := kv.GetRevision(ctx, "claude-sonnet", rev); err != nil || e.Revision() != rev {
+			t.Fatalf("admin gets revision %d: %v", rev, err)
+		}
+		if e, err := profiles.Get(ctx, "claude-sonnet"); err != nil || e.Revision() != rev {
+			t.Fatalf("the service does not see admin's profile: %v", err)
+		}
+		if _, err := kv.Put(ctx, "scratch", []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+		if err := kv.Delete(ctx, "scratch"); err != nil {
+			t.Fatalf("admin deletes a profile: %v", err)
+		}
+		if _, err := profiles.Get(ctx, "scratch"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Fatalf("a deleted profile: %v", err)
+		}
+
+		// The PubAck of a put goes back to ADMIN, whatever reply it names:
+		// neither the lock, nor CTX_EVENTS, nor CTX_IN (checked with the
+		// tenants' inputs) take it.
+		lockBefore, err := locks.Get(ctx, "ctxpipe")
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventsBefore := state(t, ctx, svc.js, bus.StreamEvents)
+		for _, reply := range []string{"$KV." + locksBucket + ".ctxpipe", "ctx.in.acme.c1.turn", "ctx.events.acme.c1.condense_context",
+			"$KV.ctx_profiles.default", "$JS.API.STREAM.DELETE.CTX_IN", "_INBOX_ctxpipe.x"} {
+			if err := admin.nc.PublishRequest(adminAPIPrefix+".$KV.ctx_profiles.forged", reply, []byte(`{}`)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Barriers: each stream stores in order, so what its PubAck
+		// follows was stored before.
+		if _, err := kv.Put(ctx, "forged", []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := locks.Put(ctx, "barrier", nil); err != nil {
+			t.Fatal(err)
+		}
+		event(t, ctx, svc, "acme", "admin-barrier")
+		if e, err := locks.Get(ctx, "ctxpipe"); err != nil || e.Revision() != lockBefore.Revision() || string(e.Value()) != "instance-1" {
+			t.Fatalf("the service's lock changed: %v", err)
+		}
+		if after := state(t, ctx, svc.js, bus.StreamEvents); after.LastSeq != eventsBefore.LastSeq+1 {
+			t.Fatalf("CTX_EVENTS gained %d messages, want the barrier only", after.LastSeq-eventsBefore.LastSeq)
+		}
+
+		// Nothing but the profiles: no other bucket, no stream, no
+		// consumer (a consumer's deliver subject would be CTX's), no
+		// inputs, events or queries, no other inbox.
+		admin.refused(t, adminAPIPrefix+".STREAM.INFO.KV_"+locksBucket, func(ctx context.Context) error {
+			_, err := ajs.KeyValue(ctx, locksBucket)
+			return err
+		})
+		admin.refused(t, adminAPIPrefix+".STREAM.DELETE.KV_"+bus.ProfilesBucket, func(ctx context.Context) error {
+			return ajs.DeleteKeyValue(ctx, bus.ProfilesBucket)
+		})
+		admin.refused(t, adminAPIPrefix+".CONSUMER.CREATE.KV_"+bus.ProfilesBucket, func(ctx context.Context) error {
+			_, err := kv.ListKeys(ctx)
+			return err
+		})
+		admin.refused(t, adminAPIPrefix+".STREAM.INFO."+bus.StreamIn, func(ctx context.Context) error {
+			_, err := ajs.Stream(ctx, bus.StreamIn)
+			return err
+		})
+		admin.refused(t, "$JS.API.STREAM.INFO.KV_"+bus.ProfilesBucket, func(ctx context.Context) error {
+			_, err := admin.js.KeyValue(ctx, bus.ProfilesBucket)
+			return err
+		})
+		admin.publishRefused(t, "$KV.ctx_profiles.default")
+		admin.refused(t, "ctx.in.acme.c1.turn", admin.jsPublish("acme", "ctx.in.acme.c1.turn"))
+		admin.publishRefused(t, "ctx.events.acme.c1.condense_context")
+		admin.refused(t, "ctx.q.acme.status", func(ctx context.Context) error {
+			_, err := admin.nc.RequestWithContext(ctx, "ctx.q.acme.status", []byte(`{}`))
+			return err
+		})
+		for _, s := range []string{"ctx.events.>", "ctx.in.>", "ctx.q.>", "_INBOX.>", "_INBOX_ctxpipe.>"} {
+			admin.subscribeRefused(t, s)
+		}
+	})
+
 	agents, uis := map[string]*user{}, map[string]*user{}
 	for _, tn := range tenants {
 		agents[tn] = connectAs(t, url, tn+"-agent")
@@ -427,60 +529,6 @@ func TestNATSConfPermissions(t *testing.T) {
 			_, err := u.nc.RequestWithContext(ctx, "ctx.q.status", []byte(`{}`))
 			return err
 		})
-	})
-
-	t.Run("admin", func(t *testing.T) {
-		admin := connectAs(t, url, "admin")
-		kv, err := admin.js.KeyValue(ctx, bus.ProfilesBucket)
-		if err != nil {
-			t.Fatalf("admin opens %s: %v", bus.ProfilesBucket, err)
-		}
-		if _, err := kv.Put(ctx, "claude-sonnet", []byte(`{"id":"claude-sonnet","context_window":200000}`)); err != nil {
-			t.Fatalf("admin puts a profile: %v", err)
-		}
-		if e, err := kv.Get(ctx, "claude-sonnet"); err != nil || !strings.Contains(string(e.Value()), "200000") {
-			t.Fatalf("admin gets the profile: %v", err)
-		}
-		keys, err := kv.ListKeys(ctx)
-		if err != nil {
-			t.Fatalf("admin lists profiles: %v", err)
-		}
-		var ids []string
-		for k := range keys.Keys() {
-			ids = append(ids, k)
-		}
-		slices.Sort(ids)
-		if !slices.Equal(ids, []string{"claude-sonnet", "default", "gpt-4o"}) {
-			t.Fatalf("admin lists %v", ids)
-		}
-		if e, err := profiles.Get(ctx, "claude-sonnet"); err != nil || !strings.Contains(string(e.Value()), "200000") {
-			t.Fatalf("the service does not see admin's profile: %v", err)
-		}
-
-		admin.refused(t, "$JS.API.STREAM.INFO.KV_"+locksBucket, func(ctx context.Context) error {
-			_, err := admin.js.KeyValue(ctx, locksBucket)
-			return err
-		})
-		admin.publishRefused(t, "$KV."+locksBucket+".ctxpipe")
-		admin.refused(t, "$JS.API.STREAM.DELETE.KV_"+bus.ProfilesBucket, func(ctx context.Context) error {
-			return admin.js.DeleteKeyValue(ctx, bus.ProfilesBucket)
-		})
-		admin.refused(t, "$JS.API.STREAM.INFO."+bus.StreamIn, func(ctx context.Context) error {
-			_, err := admin.js.Stream(ctx, bus.StreamIn)
-			return err
-		})
-		admin.refused(t, "$JS.API.CONSUMER.DELETE.CTX_IN."+bus.ConsumerName, func(ctx context.Context) error {
-			return admin.js.DeleteConsumer(ctx, bus.StreamIn, bus.ConsumerName)
-		})
-		admin.refused(t, "ctx.in.acme.c1.turn", admin.jsPublish("acme", "ctx.in.acme.c1.turn"))
-		admin.publishRefused(t, "ctx.events.acme.c1.condense_context")
-		admin.refused(t, "ctx.q.acme.status", func(ctx context.Context) error {
-			_, err := admin.nc.RequestWithContext(ctx, "ctx.q.acme.status", []byte(`{}`))
-			return err
-		})
-		for _, s := range []string{"ctx.events.>", "ctx.in.>", "ctx.q.>", "_INBOX.>", "_INBOX_ctxpipe.>"} {
-			admin.subscribeRefused(t, s)
-		}
 	})
 
 	// CTX_IN holds exactly the inputs that were allowed, each under its
@@ -707,6 +755,17 @@ func TestNATSConfLimits(t *testing.T) {
 		t.Errorf("max_payload %d < bus.MaxMsgSize %d: the largest input would be refused", got, bus.MaxMsgSize)
 	}
 	s, _ := natstest.RunWithConfig(t, "../nats.conf")
+	// Only CTX has JetStream: no other account can hold a stream, a
+	// consumer or a bucket of its own, nor reach CTX's but through imports.
+	for _, name := range []string{"ADMIN", "ACME", "GLOBEX"} {
+		acc, err := s.LookupAccount(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if acc.JetStreamEnabled() {
+			t.Errorf("account %s has JetStream", name)
+		}
+	}
 	acc, err := s.LookupAccount("CTX")
 	if err != nil {
 		t.Fatal(err)

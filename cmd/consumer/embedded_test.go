@@ -138,7 +138,7 @@ func TestEmbeddedOptions(t *testing.T) {
 		users = append(users, u.Account.Name+"/"+u.Username)
 	}
 	slices.Sort(users)
-	want := []string{"ACME/acme-agent", "ACME/acme-ui", "CTX/admin", "CTX/ctxpipe", "GLOBEX/globex-agent", "GLOBEX/globex-ui"}
+	want := []string{"ACME/acme-agent", "ACME/acme-ui", "ADMIN/admin", "CTX/ctxpipe", "GLOBEX/globex-agent", "GLOBEX/globex-ui"}
 	if !slices.Equal(users, want) {
 		t.Fatalf("users %v, want %v", users, want)
 	}
