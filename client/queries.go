@@ -89,7 +89,8 @@ func Cursor(cursor string) HistoryOption { return func(h *historyConfig) { h.cur
 const defaultPage = 1000
 
 // History returns a whole view of conv, following next_cursor across pages
-// when it does not fit in one reply. If the view changes between two pages
+// when it does not fit in one reply (Total is then set, as on a paged
+// reply). If the view changes between two pages
 // (a condense, truncation or rewind in between), the service refuses the
 // stale cursor and History reads again from the start, so the messages
 // returned are always one consistent view. An unknown conversation is
@@ -110,13 +111,18 @@ func (c *Client) History(ctx context.Context, conv string, opts ...HistoryOption
 			}
 			if all == nil {
 				all = page
-				continue
+			} else {
+				all.Messages = append(all.Messages, page.Messages...)
 			}
-			all.Messages = append(all.Messages, page.Messages...)
+			if page.NextCursor != "" {
+				// Read in pages: say how many the whole view holds, as a
+				// paged reply does.
+				all.Total = page.Total
+			}
 		}
 		switch {
 		case err == nil:
-			all.NextCursor, all.Total = "", len(all.Messages)
+			all.NextCursor = ""
 			return all, nil
 		case errors.Is(err, ErrStaleCursor) && attempt < 3:
 			// The view changed under the paging: read it again. The wait

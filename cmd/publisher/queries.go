@@ -2,7 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/ctxpipe/ctxpipe/client"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -75,35 +76,40 @@ func runHistory(ctx context.Context, c *cli, args []string) error {
 	view := fs.String("view", "effective", "effective (what the agent sends its model) or full (everything, with tags)")
 	waitFor := fs.String("wait-for", "", "input id: wait until ctxpipe has applied it")
 	timeout := fs.Duration("timeout", 30*time.Second, "how long to wait for the reply")
-	asJSON := fs.Bool("json", false, "print the raw JSON reply")
+	asJSON := fs.Bool("json", false, "print the reply's JSON")
 	if err := parseConv(fs, args, conv); err != nil {
 		return err
 	}
 	req := schema.HistoryRequest{ConversationID: *conv, View: schema.View(*view), WaitFor: *waitFor}
-	if *waitFor != "" {
-		req.TimeoutMS = min(*timeout, schema.MaxQueryTimeout).Milliseconds()
-	}
 	if err := req.Validate(); err != nil {
 		return usageError{err.Error()}
 	}
-	nc, _, err := c.connect()
+	cl, done, err := c.client()
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	var reply json.RawMessage
-	if err := query(ctx, nc, schema.SubjectHistory, req, *timeout+5*time.Second, &reply); err != nil {
-		return err
+	defer done()
+	opts := []client.HistoryOption{client.View(req.View)}
+	if *waitFor != "" {
+		opts = append(opts, client.WaitFor(*waitFor))
+	}
+	// The wait (capped by the service at schema.MaxQueryTimeout) takes
+	// what --timeout leaves after the reply's way back.
+	qctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	h, err := cl.History(qctx, *conv, opts...)
+	if err != nil {
+		return queryFailed(err)
 	}
 	if *asJSON {
-		_, err := fmt.Fprintf(c.stdout, "%s\n", reply)
+		b, err := schema.Marshal(h)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(c.stdout, "%s\n", b)
 		return err
 	}
-	var h schema.HistoryReply
-	if err := json.Unmarshal(reply, &h); err != nil {
-		return fmt.Errorf("decode history: %w", err)
-	}
-	printHistory(c.stdout, &h)
+	printHistory(c.stdout, h)
 	return nil
 }
 
@@ -173,30 +179,58 @@ func preview(c schema.Content, n int) string {
 func runStatus(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags()
 	conv := fs.String("conv", "", "conversation id (required)")
-	asJSON := fs.Bool("json", false, "print the raw JSON reply")
+	asJSON := fs.Bool("json", false, "print the reply's JSON")
 	if err := parseConv(fs, args, conv); err != nil {
 		return err
 	}
-	nc, _, err := c.connect()
+	cl, done, err := c.client()
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	var reply json.RawMessage
-	if err := query(ctx, nc, schema.SubjectStatus, schema.StatusRequest{ConversationID: *conv}, 10*time.Second, &reply); err != nil {
-		return err
+	defer done()
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s, err := cl.Status(qctx, *conv)
+	if err != nil {
+		return queryFailed(err)
 	}
 	if *asJSON {
-		_, err := fmt.Fprintf(c.stdout, "%s\n", reply)
+		b, err := schema.Marshal(s)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(c.stdout, "%s\n", b)
 		return err
-	}
-	var s schema.StatusReply
-	if err := json.Unmarshal(reply, &s); err != nil {
-		return fmt.Errorf("decode status: %w", err)
 	}
 	fmt.Fprintf(c.stdout, "conversation   %s\nprofile        %s\ncontext        %s / %s tokens (%.1f%%; allowed %s, threshold %d%%)\n"+
 		"messages       %d (%d hidden)\ncondensations  %d\ntruncations    %d\n",
 		s.ConversationID, s.ProfileID, thousands(s.ContextTokens), thousands(s.ContextWindow), s.Percent,
 		thousands(s.AllowedTokens), s.Threshold, s.Messages, s.HiddenMessages, s.Condensations, s.Truncations)
 	return nil
+}
+
+// client connects as this command (with its permission-violation handling)
+// and returns a ctxpipe client over the connection, and how to close it.
+func (c *cli) client() (*client.Client, func(), error) {
+	nc, _, err := c.connect()
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := client.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return cl, nc.Close, nil
+}
+
+// queryFailed marks a query the service answered with an error (or a
+// rejected wait_for input) as errQueryFailed: exit code 1, message only.
+func queryFailed(err error) error {
+	var qe *client.QueryError
+	var rej *client.RejectedError
+	if errors.As(err, &qe) || errors.As(err, &rej) {
+		return fmt.Errorf("%w: %w", errQueryFailed, err)
+	}
+	return err
 }
