@@ -65,9 +65,27 @@ func (o *Offline) Summarize(ctx context.Context, req schema.SummaryRequest) (sch
 	if limit <= 0 {
 		limit = DefaultOfflineMaxChars
 	}
-	body, tail := extract(req.Messages).render()
+	f := extract(source(req))
+	body, tail := f.render()
 	text := clip(body, limit-len([]rune(tail))-2) + "\n\n" + tail
-	return schema.Summary{Text: text, Model: OfflineModel}, nil
+	// Outside the bound: the last error line and the files touched are
+	// what an agent most needs verbatim, and each is bounded on its own.
+	if f.lastError != "" {
+		text += "\n\n## Last error seen (verbatim)\n"
+		if f.lastErrorCall != "" {
+			text += "From `" + clip(f.lastErrorCall, 80) + "`:\n"
+		}
+		text += "> " + f.lastError
+	}
+	return schema.Summary{Text: WithFilesTouched(text, source(req)), Model: OfflineModel}, nil
+}
+
+// source is the request's span with tool blocks intact.
+func source(req schema.SummaryRequest) []schema.Message {
+	if req.Source != nil {
+		return req.Source
+	}
+	return req.Messages
 }
 
 // facts is what the offline condenser pulls out of a conversation.
@@ -85,6 +103,8 @@ type facts struct {
 	errors                      []string
 	calls                       map[string]string // tool_use id → short description
 	order                       int
+	lastError                   string // the last error line of any tool result, verbatim
+	lastErrorCall               string // the call whose result it is
 }
 
 // seen counts occurrences and remembers the first and last position, for
@@ -116,7 +136,7 @@ func extract(msgs []schema.Message) *facts {
 			break // the engine's trigger turn, not the user's words
 		}
 		f.messages++
-		if m.IsSummary {
+		if m.IsCondenseSummary() {
 			f.earlier = summaryText(m.Content)
 			for _, p := range filesFromSummary(f.earlier) {
 				f.note(f.files, p)
@@ -133,6 +153,11 @@ func extract(msgs []schema.Message) *facts {
 			case schema.BlockToolResult:
 				if b.IsError {
 					f.toolError(b)
+				}
+				if b.Content != nil {
+					if l := LastErrorLine(RenderContent(*b.Content)); l != "" {
+						f.lastError, f.lastErrorCall = l, f.calls[b.ToolUseID]
+					}
 				}
 			case schema.BlockText:
 				if m.Role == schema.RoleAssistant {

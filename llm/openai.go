@@ -75,6 +75,8 @@ func (o *OpenAI) Summarize(ctx context.Context, req schema.SummaryRequest) (sche
 	for attempt := 1; ; attempt++ {
 		sum, err := o.attempt(ctx, client, ep, chat, req.Profile.Prices)
 		if err == nil {
+			// The model's summary may drop paths; the list may not.
+			sum.Text = WithFilesTouched(sum.Text, source(req))
 			return sum, nil
 		}
 		if ctx.Err() != nil {

@@ -11,6 +11,14 @@ type SummaryRequest struct {
 	Messages []Message
 	Profile  Profile
 	Strategy Strategy
+	// Source is the span as Messages holds it but with tool blocks intact
+	// (fresh_start sends them as text), for what a condenser takes
+	// mechanically: the files touched, the last error. Nil means Messages.
+	Source []Message
+	// Instructions are a manual condense's own instructions ("keep the
+	// failing test names"), at most MaxInstructionsLen characters; a model
+	// summarizer adds them to its prompt.
+	Instructions string
 }
 
 // Summary is a condenser's answer.

@@ -40,20 +40,49 @@ func (p *CondensePlan) Finish(summary string, count func(schema.Content) int) Co
 	return p.finish(summary, count)
 }
 
-// PlanCondense chooses what to summarize with the profile's strategy. It
+// CondenseOptions refine a condense.
+type CondenseOptions struct {
+	// Keep are the ids of messages that must stay visible (MustKeep).
+	Keep map[string]bool
+	// Instructions are a manual request's own instructions to the summarizer.
+	Instructions string
+	// MaskResults sends the summarizer every tool result of its span as a
+	// masked stand-in (the profile masks): the summary should not repeat
+	// tool output, and the stand-ins keep the tool, its key arguments and
+	// the last error line.
+	MaskResults bool
+}
+
+// PlanCondense chooses what to summarize with the profile's strategy,
+// keeping what MustKeep says must survive (pinned flags as stored). It
 // returns a *schema.Error with ReasonNotEnoughMessages or
 // ReasonCondensedRecently when there is nothing worth condensing.
 func PlanCondense(msgs []schema.Message, p *schema.Profile, inputID string) (*CondensePlan, error) {
+	return PlanCondenseWith(msgs, p, inputID, CondenseOptions{Keep: MustKeep(msgs, nil, p)})
+}
+
+// PlanCondenseWith is PlanCondense with explicit options.
+func PlanCondenseWith(msgs []schema.Message, p *schema.Profile, inputID string, o CondenseOptions) (*CondensePlan, error) {
 	id := DeriveID(inputID, "condense")
 	var plan *CondensePlan
 	var err error
+	keep := o.Keep
+	if keep == nil {
+		keep = map[string]bool{}
+	}
 	switch s := p.StrategyOrDefault(); s {
 	case schema.StrategyFreshStart:
-		plan, err = planFreshStart(msgs, id)
+		plan, err = planFreshStart(msgs, id, keep, o.MaskResults)
 	case schema.StrategyPreserveFraction:
-		plan, err = planPreserveFraction(msgs, id)
+		plan, err = planPreserveFraction(msgs, id, keep)
+		if err == nil && o.MaskResults {
+			plan.Request.Messages = maskRequest(plan.Request.Messages, msgs)
+		}
 	default:
-		plan, err = planKeepTail(msgs, id)
+		plan, err = planKeepTail(msgs, id, keep)
+		if err == nil && o.MaskResults {
+			plan.Request.Messages = maskRequest(plan.Request.Messages, msgs)
+		}
 	}
 	if err != nil {
 		return nil, err
@@ -63,6 +92,7 @@ func PlanCondense(msgs []schema.Message, p *schema.Profile, inputID string) (*Co
 	plan.Request.Prompt = prompt
 	plan.Request.Profile = *p
 	plan.Request.Strategy = plan.Strategy
+	plan.Request.Instructions = o.Instructions
 	if len(msgs) > 0 {
 		plan.Request.ConversationID = msgs[0].ConversationID
 	}
@@ -75,18 +105,18 @@ func PlanCondense(msgs []schema.Message, p *schema.Profile, inputID string) (*Co
 // planKeepTail is Roo ≤ 3.42: keep the first message and the last three,
 // summarize what lies between since the last summary, and insert an
 // assistant summary just before the kept tail.
-func planKeepTail(msgs []schema.Message, id string) (*CondensePlan, error) {
+func planKeepTail(msgs []schema.Message, id string, keep map[string]bool) (*CondensePlan, error) {
 	keepStart := max(len(msgs)-NMessagesToKeep, 0)
 	since := sinceLastSummary(msgs[:keepStart], msgs)
 	if len(since) <= 1 {
 		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "%d messages to summarize; need at least 2 besides the last %d", len(since), NMessagesToKeep)
 	}
 	for i := keepStart; i < len(msgs); i++ {
-		if msgs[i].IsSummary {
+		if msgs[i].IsCondenseSummary() {
 			return nil, schema.Errorf(schema.ReasonCondensedRecently, "a summary is among the last %d messages", NMessagesToKeep)
 		}
 	}
-	toolUses, reasoning := toolBlocksToPreserve(msgs, keepStart)
+	toolUses, reasoning := toolBlocksToPreserve(msgs, keepStart, keep)
 	plan := &CondensePlan{Strategy: schema.StrategyKeepTail}
 	// The span may end with calls whose results are kept: the summarizer
 	// sees those results too, and a synthetic one for a call still pending.
@@ -100,7 +130,7 @@ func planKeepTail(msgs []schema.Message, id string) (*CondensePlan, error) {
 		ed := newEditor(msgs)
 		n := 0
 		for i := 1; i < keepStart; i++ {
-			if ed.msgs[i].CondenseParent == "" {
+			if ed.msgs[i].CondenseParent == "" && !keep[ed.msgs[i].ID] {
 				ed.tagAt(i, schema.TagCondenseParent, id)
 				n++
 			}
@@ -118,7 +148,7 @@ func planKeepTail(msgs []schema.Message, id string) (*CondensePlan, error) {
 func sinceLastSummary(head, all []schema.Message) []schema.Message {
 	last := -1
 	for i := range head {
-		if head[i].IsSummary {
+		if head[i].IsCondenseSummary() {
 			last = i
 		}
 	}
@@ -138,7 +168,10 @@ func sinceLastSummary(head, all []schema.Message) []schema.Message {
 // result is still to come, goes into the summary (with the reasoning blocks
 // of the turn that made it), however far before the cut it was made. No
 // tool_result in the kept tail, or arriving later, then loses its call.
-func toolBlocksToPreserve(msgs []schema.Message, keepStart int) (toolUses, reasoning []schema.Block) {
+//
+// A call in a message that stays visible anyway (kept, see MustKeep) needs
+// no copy.
+func toolBlocksToPreserve(msgs []schema.Message, keepStart int, keep map[string]bool) (toolUses, reasoning []schema.Block) {
 	if keepStart <= 0 || keepStart >= len(msgs) {
 		return nil, nil
 	}
@@ -153,7 +186,10 @@ func toolBlocksToPreserve(msgs []schema.Message, keepStart int) (toolUses, reaso
 			}
 		}
 	}
-	for i := keepStart; i < len(msgs); i++ { // a call in the tail stays visible
+	for i := range msgs { // a call in the tail, or kept, stays visible
+		if i < keepStart && !keep[msgs[i].ID] {
+			continue
+		}
 		for _, b := range msgs[i].Content.Blocks {
 			if b.Type == schema.BlockToolUse {
 				delete(want, b.ID)
@@ -200,21 +236,25 @@ func toolBlocksToPreserve(msgs []schema.Message, keepStart int) (toolUses, reaso
 // summary (Roo's guard against condense loops), and a last assistant turn
 // whose calls still wait for results stays visible after the summary, so the
 // results the agent sends next keep their calls.
-func planFreshStart(msgs []schema.Message, id string) (*CondensePlan, error) {
+//
+// Kept messages (MustKeep: the task, the latest instruction, pinned ones)
+// stay visible before the summary; they count for the two-message guard
+// only if something else would be hidden.
+func planFreshStart(msgs []schema.Message, id string, keep map[string]bool, maskResults bool) (*CondensePlan, error) {
 	keepFrom := pendingTurn(msgs)
-	keep := idSet(msgs[keepFrom:])
+	pending := idSet(msgs[keepFrom:])
 	eff := EffectiveHistory(msgs)
 	span := eff[:0]      // eff is ours: filter in place
 	last, agent := -1, 0 // the last summary in span; agent messages after it
 	for _, m := range eff {
-		if keep[m.ID] {
+		if pending[m.ID] {
 			continue
 		}
 		span = append(span, m)
 		switch {
-		case m.IsSummary:
+		case m.IsCondenseSummary():
 			last, agent = len(span)-1, 0
-		case !m.Synthetic():
+		case (!m.Synthetic() || m.IsMask()) && !keep[m.ID]:
 			agent++
 		}
 	}
@@ -227,13 +267,21 @@ func planFreshStart(msgs []schema.Message, id string) (*CondensePlan, error) {
 		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "%d messages to summarize; need at least 2", agent)
 	}
 	plan := &CondensePlan{Strategy: schema.StrategyFreshStart}
-	plan.Request.Messages = toolBlocksAsText(withDeferredToolResults(span))
-	commands := commandBlocks(msgs[0])
+	req := withDeferredToolResults(span)
+	if maskResults {
+		req = maskRequest(req, msgs)
+	}
+	plan.Request.Messages = toolBlocksAsText(req)
+	plan.Request.Source = req
+	commands := ""
+	if len(msgs) > 0 && !keep[msgs[0].ID] {
+		commands = commandBlocks(msgs[0])
+	}
 	plan.finish = func(text string, count func(schema.Content) int) Condensed {
 		ed := newEditor(msgs)
 		n := 0
 		for i := 0; i < keepFrom; i++ {
-			if ed.msgs[i].CondenseParent == "" {
+			if ed.msgs[i].CondenseParent == "" && !keep[ed.msgs[i].ID] {
 				ed.tagAt(i, schema.TagCondenseParent, id)
 				n++
 			}
@@ -285,18 +333,32 @@ func summaryContent(text, commands string) schema.Content {
 // put a user summary before what is kept. The summary carries the first
 // message's <command> blocks, as fresh_start's does, since the first message
 // is among the summarized.
-func planPreserveFraction(msgs []schema.Message, id string) (*CondensePlan, error) {
+//
+// Kept messages (MustKeep) before the split stay visible before the summary.
+func planPreserveFraction(msgs []schema.Message, id string, keep map[string]bool) (*CondensePlan, error) {
 	eff := EffectiveHistory(msgs)
 	split := SplitPoint(eff, 1-PreserveFraction)
 	if split == 0 {
 		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "no boundary to split at")
 	}
-	if split == 1 && eff[0].IsSummary {
+	if split == 1 && eff[0].IsCondenseSummary() {
 		return nil, schema.Errorf(schema.ReasonCondensedRecently, "only the last summary would be summarized")
+	}
+	hides := 0
+	for i := range eff[:split] {
+		if !keep[eff[i].ID] && !eff[i].IsCondenseSummary() {
+			hides++
+		}
+	}
+	if hides == 0 {
+		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "every message before the split must stay")
 	}
 	plan := &CondensePlan{Strategy: schema.StrategyPreserveFraction}
 	plan.Request.Messages = eff[:split]
-	commands := commandBlocks(msgs[0])
+	commands := ""
+	if len(msgs) > 0 && !keep[msgs[0].ID] {
+		commands = commandBlocks(msgs[0])
+	}
 	plan.finish = func(text string, count func(schema.Content) int) Condensed {
 		ed := newEditor(msgs)
 		at, n := len(ed.msgs), 0
@@ -305,7 +367,7 @@ func planPreserveFraction(msgs []schema.Message, id string) (*CondensePlan, erro
 				at = i
 				break
 			}
-			if ed.msgs[i].CondenseParent == "" {
+			if ed.msgs[i].CondenseParent == "" && !keep[ed.msgs[i].ID] {
 				ed.tagAt(i, schema.TagCondenseParent, id)
 				n++
 			}

@@ -87,6 +87,8 @@ func (e *Engine) Apply(ctx context.Context, st schema.ConversationState, h Histo
 		err = r.manage(Decide(st.ContextTokens, p, e.Globals, schema.TriggerForced, st.CondenseBlocked, e.Log))
 	case schema.KindRewind:
 		err = r.rewind()
+	case schema.KindPin:
+		err = r.pin()
 	default:
 		err = schema.Errorf(schema.ReasonUnknownKind, "unknown input kind %q", in.Kind)
 	}
@@ -112,6 +114,7 @@ type run struct {
 	hist    []schema.Message
 	loaded  bool
 	pending *schema.Message // the new turn, not yet in the store
+	keep    map[string]bool // MustKeep over hist, once loaded
 }
 
 func (r *run) turn() error {
@@ -166,15 +169,45 @@ func (r *run) load() error {
 	return nil
 }
 
-// manage is manageContext: condense if the decision says so, check that the
-// context shrank, and truncate when the condense did not apply and the
-// context is over the allowed size.
+// MaskTargetFraction of the threshold is where masking alone must bring the
+// context for an automatic reduction to stop there, without a condense.
+var MaskTargetFraction = 0.5
+
+// manage is manageContext: mask older tool results when the profile masks
+// and the threshold is crossed, and stop there if that brought an automatic
+// trigger back under it; otherwise condense if the decision says so, check
+// that the context shrank, and truncate when the condense did not apply and
+// the context is over the allowed size. What MustKeep names survives each
+// step.
 func (r *run) manage(d Decision) error {
-	if !d.Condense && !d.Truncate {
+	maskDue := r.p.Mask.Enabled && (d.Trigger != schema.TriggerAuto ||
+		d.Percent >= float64(d.Threshold) || float64(d.Prev) > d.Allowed)
+	if !d.Condense && !d.Truncate && !maskDue {
 		return nil
 	}
 	if err := r.load(); err != nil {
 		return err
+	}
+	r.keep = MustKeep(r.hist, r.st.Pins, r.p)
+	defer func() { r.st.Messages = len(r.hist) }()
+	if maskDue && r.mask(d) && d.Trigger == schema.TriggerAuto {
+		// Masking cost no model call. It is enough when it leaves room
+		// for as long as a condense would (MaskTargetFraction of the
+		// threshold); otherwise the condense runs now, on the masked
+		// history, so the agent's prompt cache breaks once, not twice in
+		// a few turns.
+		next := Decide(r.st.ContextTokens, r.p, r.e.Globals, d.Trigger, r.st.CondenseBlocked, r.e.Log)
+		if !next.Truncate && next.Percent <= float64(next.Threshold)*MaskTargetFraction {
+			return nil
+		}
+		if !next.Condense && !next.Truncate {
+			// Under the threshold but short of the target.
+			next.Condense = r.p.AutoCondenseOr(r.e.Globals) && !r.st.CondenseBlocked
+			if !next.Condense {
+				return nil
+			}
+		}
+		d = next
 	}
 	condensed := false
 	if d.Condense {
@@ -187,11 +220,72 @@ func (r *run) manage(d Decision) error {
 	if !condensed && d.Truncate {
 		r.truncate(d)
 	}
-	r.st.Messages = len(r.hist)
 	return nil
 }
 
+// mask runs observation masking and reports whether it masked anything. An
+// automatic masking that would free less than the profile's minimum gain is
+// not made: it would break the agent's prompt cache for little.
+func (r *run) mask(d Decision) bool {
+	before := effectiveTokens(r.st.SystemTokens, r.hist)
+	o := MaskOptions{KeepLast: r.p.MaskKeepLast(), ExcludeTools: r.p.Mask.ExcludeTools, Keep: r.pinned()}
+	m, ok := PlanMask(r.hist, o, DeriveID(r.in.ID, "mask"), r.in.TS, r.ctr.Content)
+	if !ok {
+		return false
+	}
+	next := effectiveTokens(r.st.SystemTokens, m.History)
+	if gain := before - next; gain <= 0 || (d.Trigger == schema.TriggerAuto && gain < r.p.MaskMinGain()) {
+		r.log().Debug("masking skipped: too little gain", "gain", before-next, "min_gain", r.p.MaskMinGain())
+		return false
+	}
+	r.merge(m.Changes, m.History)
+	r.st.ContextTokens = next
+	r.ch.Events = append(r.ch.Events, &schema.ToolResultsMasked{
+		EventHeader:       r.header(schema.EventToolResultsMasked),
+		MaskID:            m.MaskID,
+		Count:             m.Count,
+		MessagesMasked:    m.Messages,
+		PrevContextTokens: d.Prev,
+		NewContextTokens:  next,
+		Trigger:           d.Trigger,
+	})
+	r.log().Info("masked tool results", "count", m.Count, "prev_tokens", d.Prev, "new_tokens", next)
+	return true
+}
+
+// pinned is the ids of the visible pinned messages (masking leaves them
+// whole; the task and the latest instruction keep their words anyway).
+func (r *run) pinned() map[string]bool {
+	var out map[string]bool
+	for i := range r.hist {
+		if m := &r.hist[i]; r.st.IsPinned(m) {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[m.ID] = true
+		}
+	}
+	return out
+}
+
 func (r *run) condense(d Decision) (bool, error) {
+	// The real context before, on the same footing as the recount after:
+	// an overflow raises d.Prev to the window, and a provider's usage counts
+	// what the local count does not (tool definitions) or less than it (the
+	// fudge factor), so either would let a summary that grows the context
+	// pass.
+	before := effectiveTokens(r.st.SystemTokens, r.hist)
+	plan, planErr := PlanCondenseWith(r.hist, r.p, r.in.ID, CondenseOptions{Keep: r.keep, Instructions: r.in.Instructions, MaskResults: r.p.Mask.Enabled})
+	if planErr == nil && d.Trigger == schema.TriggerAuto {
+		// The most a condense can free is what it hides: its summary only
+		// adds. Below the minimum gain it is not worth a broken prompt
+		// cache (nor the model call), so it is not tried.
+		empty := plan.Finish("", r.ctr.Content)
+		if gain := before - effectiveTokens(r.st.SystemTokens, empty.History); gain < r.p.MinGain() {
+			r.log().Debug("condense skipped: too little gain", "gain", gain, "min_gain", r.p.MinGain())
+			return false, nil
+		}
+	}
 	managing := &schema.ContextManaging{
 		EventHeader:   r.header(schema.EventContextManaging),
 		Trigger:       d.Trigger,
@@ -214,19 +308,19 @@ func (r *run) condense(d Decision) (bool, error) {
 		r.log().Info("condense failed", "reason", reason, "detail", msg, "trigger", d.Trigger)
 		return false, nil
 	}
-	// The real context before, on the same footing as the recount after:
-	// an overflow raises d.Prev to the window, and a provider's usage counts
-	// what the local count does not (tool definitions) or less than it (the
-	// fudge factor), so either would let a summary that grows the context
-	// pass.
-	before := effectiveTokens(r.st.SystemTokens, r.hist)
-	plan, err := PlanCondense(r.hist, r.p, r.in.ID)
-	if err != nil {
+	if err := planErr; err != nil {
 		var se *schema.Error
 		if errors.As(err, &se) {
 			return fail(se.Reason, se.Message, 0)
 		}
 		return false, err
+	}
+	if kept := keptTokens(r.st.SystemTokens, r.hist, r.keep); len(r.keep) > 0 && d.Allowed > 0 && float64(kept) > d.Allowed {
+		// What must stay verbatim is already over the allowed context: no
+		// summary can bring it under. The truncation that follows keeps
+		// those messages too, so the agent's next request may overflow;
+		// unpinning is the way out.
+		return fail(schema.ReasonPinnedOverWindow, fmt.Sprintf("the messages that must stay verbatim (pinned, the task, the latest instruction) make %d tokens; %d are allowed", kept, int(d.Allowed)), 0)
 	}
 	sum, err := r.e.Summarizer.Summarize(r.ctx, plan.Request)
 	if cerr := r.ctx.Err(); cerr != nil {
@@ -258,6 +352,7 @@ func (r *run) condense(d Decision) (bool, error) {
 		Trigger:           d.Trigger,
 		Model:             sum.Model,
 		Strategy:          string(plan.Strategy),
+		Instructions:      r.in.Instructions,
 	})
 	r.log().Info("condensed", "strategy", plan.Strategy, "trigger", d.Trigger, "prev_tokens", d.Prev, "new_tokens", next, "messages", c.MessagesCondensed)
 	return true, nil
@@ -274,7 +369,7 @@ func VerifyShrink(prev, next int) error {
 }
 
 func (r *run) truncate(d Decision) {
-	t, ok := PlanTruncation(r.hist, TruncateFraction, DeriveID(r.in.ID, "truncation"), r.ctr.Content)
+	t, ok := PlanTruncationKeeping(r.hist, TruncateFraction, DeriveID(r.in.ID, "truncation"), r.keep, r.ctr.Content)
 	if !ok {
 		r.log().Warn("over the allowed context, but there is nothing left to truncate", "tokens", d.Prev, "allowed", d.Allowed)
 		return
@@ -312,7 +407,7 @@ func (r *run) rewind() error {
 	r.st.Messages = len(rw.History)
 	r.st.Condensations, r.st.Truncations = 0, 0
 	for i := range rw.History {
-		if rw.History[i].IsSummary {
+		if rw.History[i].IsCondenseSummary() {
 			r.st.Condensations++
 		}
 		if rw.History[i].IsTruncationMarker {
@@ -320,6 +415,20 @@ func (r *run) rewind() error {
 		}
 	}
 	r.st.CondenseBlocked = false
+	if len(r.st.Pins) > 0 {
+		// A deleted message's pin goes with it.
+		kept := idSet(rw.History)
+		pins := map[string]bool{}
+		for id, v := range r.st.Pins {
+			if kept[id] {
+				pins[id] = v
+			}
+		}
+		r.st.Pins = pins
+		if len(pins) == 0 {
+			r.st.Pins = nil
+		}
+	}
 	// The calls a result may answer come from the agent's turns as stored,
 	// as they were when each turn was appended: a condense that hides the
 	// last assistant turn does not close its calls.
@@ -339,9 +448,54 @@ func (r *run) rewind() error {
 		IncludeTarget:        r.in.IncludeTarget,
 		RemovedCondenseIDs:   rw.RemovedCondenseIDs,
 		RemovedTruncationIDs: rw.RemovedTruncationIDs,
+		RemovedMaskIDs:       rw.RemovedMaskIDs,
 		MessagesRemoved:      rw.MessagesRemoved,
 		MessagesRestored:     rw.MessagesRestored,
 	})
+	return nil
+}
+
+// pin records a pin input's verdict on a stored message in the state. It
+// changes no message: the store keeps bodies as sent, and the state is what
+// every reduction reads. Pinning a message that is hidden already does not
+// bring it back (a rewind does); it keeps the message from the reductions
+// to come once it is visible.
+func (r *run) pin() error {
+	msgs, err := r.h.Messages(r.ctx)
+	if err != nil {
+		return fmt.Errorf("load history of %s: %w", r.in.ConversationID, err)
+	}
+	var target *schema.Message
+	for i := range msgs {
+		if msgs[i].ID == r.in.MessageID {
+			target = &msgs[i]
+			break
+		}
+	}
+	if target == nil {
+		return schema.Errorf(schema.ReasonUnknownTarget, "no stored message %q", r.in.MessageID)
+	}
+	id := target.ID
+	if target.IsMask() {
+		id = target.MaskOf // a stand-in follows its original
+	}
+	pins := make(map[string]bool, len(r.st.Pins)+1) // never write into the caller's map
+	for k, v := range r.st.Pins {
+		pins[k] = v
+	}
+	pins[id] = r.in.Pinned
+	for i := range msgs {
+		if msgs[i].ID == id && msgs[i].Pinned == r.in.Pinned {
+			delete(pins, id) // the stored flag says it already
+		}
+	}
+	if len(pins) > schema.MaxPins {
+		return schema.Errorf(schema.ReasonTooLarge, "more than %d pin changes in one conversation", schema.MaxPins)
+	}
+	r.st.Pins = pins
+	if len(pins) == 0 {
+		r.st.Pins = nil
+	}
 	return nil
 }
 

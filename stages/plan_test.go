@@ -301,7 +301,7 @@ func TestFreshStart(t *testing.T) {
 	// waits for its result.
 	h[3].Content = schema.BlockContent(schema.Block{Type: schema.BlockText, Text: "running"}, toolUse("c1", "bash", `{"cmd":"ls"}`))
 	h[5].Content = schema.BlockContent(schema.Block{Type: schema.BlockText, Text: "again"}, toolUse("c2", "bash", `{"cmd":"ls -l"}`))
-	p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyFreshStart}
+	p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyFreshStart, KeepTask: boolp(false)} // Roo's and Gemini's own behaviour
 	plan, err := PlanCondense(h, &p, "in")
 	mustNoErr(t, err)
 	req := plan.Request.Messages
@@ -394,7 +394,7 @@ func TestSplitPoint(t *testing.T) {
 
 func TestPreserveFraction(t *testing.T) {
 	h := msgs(10)
-	p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyPreserveFraction}
+	p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyPreserveFraction, KeepTask: boolp(false)} // Roo's and Gemini's own behaviour
 	plan, err := PlanCondense(h, &p, "in")
 	mustNoErr(t, err)
 	c := plan.Finish("snapshot", lenCount)
@@ -458,7 +458,7 @@ func TestCommandBlocksCarried(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := msgs(6)
 			h[0].Content = tc.first
-			p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyFreshStart}
+			p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyFreshStart, KeepTask: boolp(false)} // Roo's and Gemini's own behaviour
 			plan, err := PlanCondense(h, &p, "in")
 			mustNoErr(t, err)
 			b := plan.Finish("sum", lenCount).Summary.Content.Blocks
@@ -550,7 +550,7 @@ func FuzzPlanTruncation(f *testing.F) {
 }
 
 func TestFreshStartNeedsTwoMessagesSinceSummary(t *testing.T) {
-	p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyFreshStart}
+	p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyFreshStart, KeepTask: boolp(false)} // Roo's and Gemini's own behaviour
 	plan, err := PlanCondense(msgs(6), &p, "in")
 	mustNoErr(t, err)
 	h := plan.Finish("sum", lenCount).History

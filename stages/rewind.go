@@ -13,6 +13,7 @@ type Rewound struct {
 	CutoffTS             int64 // the cutoff actually applied to messages
 	RemovedCondenseIDs   []string
 	RemovedTruncationIDs []string
+	RemovedMaskIDs       []string // maskings undone
 	MessagesRemoved      int // agent messages deleted (summaries and markers not counted)
 	MessagesRestored     int // hidden messages that are effective again
 }
@@ -33,6 +34,9 @@ type Rewound struct {
 //  3. Tags that name a removed summary or marker are cleared, so every
 //     message they hid is restored exactly.
 //
+// Maskings are undone like condenses: the stand-ins of a masking made at or
+// after the cutoff (MaskedAt) are removed, which restores the originals.
+//
 // It reports ok=false when the cutoff is after everything: nothing to rewind.
 func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff int64, includeTarget bool) (Rewound, bool) {
 	summaries, markers := liveIDs(msgs)
@@ -46,6 +50,12 @@ func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff i
 			removedC[ev.ID] = true
 		case ev.Type == schema.EventSlidingWindowTruncation && markers[ev.ID]:
 			removedT[ev.ID] = true
+		}
+	}
+	removedM := map[string]bool{}
+	for i := range msgs {
+		if msgs[i].IsMask() && msgs[i].MaskedAt >= cutoff {
+			removedM[msgs[i].CondenseID] = true
 		}
 	}
 	exact, older := false, false
@@ -71,7 +81,7 @@ func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff i
 			drops++
 		}
 	}
-	if drops == 0 && len(removedC) == 0 && len(removedT) == 0 {
+	if drops == 0 && len(removedC) == 0 && len(removedT) == 0 && len(removedM) == 0 {
 		return Rewound{}, false
 	}
 
@@ -81,7 +91,8 @@ func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff i
 	ed.deleteWhere(func(m *schema.Message) bool {
 		drop := !keepTS(m.TS) ||
 			(m.IsSummary && removedC[m.CondenseID]) ||
-			(m.IsTruncationMarker && removedT[m.TruncationID])
+			(m.IsTruncationMarker && removedT[m.TruncationID]) ||
+			(m.IsMask() && removedM[m.CondenseID])
 		if drop && !m.Synthetic() {
 			removed++
 		}
@@ -108,6 +119,7 @@ func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff i
 		CutoffTS:             actual,
 		RemovedCondenseIDs:   sortedKeys(removedC),
 		RemovedTruncationIDs: sortedKeys(removedT),
+		RemovedMaskIDs:       sortedKeys(removedM),
 		MessagesRemoved:      removed,
 		MessagesRestored:     restored,
 	}, true

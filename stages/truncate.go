@@ -38,6 +38,14 @@ type Truncation struct {
 // format sends one result turn per call), the cut moves back to the call, so
 // the results stay answered and a pending call keeps its coming results.
 func PlanTruncation(msgs []schema.Message, frac float64, truncID string, count func(schema.Content) int) (Truncation, bool) {
+	return PlanTruncationKeeping(msgs, frac, truncID, nil, count)
+}
+
+// PlanTruncationKeeping is PlanTruncation that leaves the messages of keep
+// (MustKeep: pinned, the task, the latest instruction, closed over their
+// tool exchanges) visible inside the hidden range. Removed counts only what
+// it hides; when keep covers the whole range it hides nothing (ok=false).
+func PlanTruncationKeeping(msgs []schema.Message, frac float64, truncID string, keep map[string]bool, count func(schema.Content) int) (Truncation, bool) {
 	if !(frac > 0) { // NaN too
 		return Truncation{}, false
 	}
@@ -66,7 +74,12 @@ func PlanTruncation(msgs []schema.Message, frac float64, truncID string, count f
 	}
 	hide := make(map[string]bool, n)
 	for _, i := range visible[1 : n+1] {
-		hide[eff[i].ID] = true
+		if !keep[eff[i].ID] {
+			hide[eff[i].ID] = true
+		}
+	}
+	if len(hide) == 0 {
+		return Truncation{}, false
 	}
 	firstKept := eff[visible[n+1]].ID
 	first := eff[visible[0]].ID
@@ -93,6 +106,7 @@ func PlanTruncation(msgs []schema.Message, frac float64, truncID string, count f
 			break
 		}
 	}
+	n = len(hide)
 	text := schema.TextContent(TruncationMarkerText(n))
 	marker := schema.Message{
 		Turn: schema.Turn{

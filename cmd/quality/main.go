@@ -97,7 +97,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var progress quality.Progress
 	if !*quiet {
 		progress = func(r quality.Run, done, total int) {
-			fmt.Fprintf(stderr, "[%3d/%d] %-17s %-58s %4d turns %3d reductions %s\n",
+			fmt.Fprintf(stderr, "[%3d/%d] %-19s %-58s %4d turns %3d reductions %s\n",
 				done, total, r.Row, r.Transcript, r.Turns, len(r.Reductions), time.Since(start).Round(100*time.Millisecond))
 		}
 	}

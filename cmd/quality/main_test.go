@@ -45,15 +45,15 @@ func TestRun(t *testing.T) {
 					table = append(table, l)
 				}
 			}
-			if len(table) != 5 { // heading, rule, three strategies
-				t.Fatalf("want a markdown table of 5 lines, got:\n%s", out)
+			if len(table) != 7 { // heading, rule, five rows
+				t.Fatalf("want a markdown table of 7 lines, got:\n%s", out)
 			}
 			for i, l := range table {
 				if n := strings.Count(l, "|"); n != len(columns)+1 {
 					t.Fatalf("line %d has %d cells, want %d: %s", i, n-1, len(columns), l)
 				}
 			}
-			for _, s := range []string{"| keep_tail |", "| fresh_start |", "| preserve_fraction |", "32,000-token window, threshold 70 %"} {
+			for _, s := range []string{"| keep_tail |", "| fresh_start |", "| preserve_fraction |", "| mask only |", "| mask then keep_tail |", "32,000-token window, threshold 70 %"} {
 				if !strings.Contains(out, s) {
 					t.Fatalf("no %q in:\n%s", s, out)
 				}
@@ -64,7 +64,7 @@ func TestRun(t *testing.T) {
 			if err := json.Unmarshal([]byte(out), &rep); err != nil {
 				t.Fatalf("%v in:\n%s", err, out)
 			}
-			if rep.Window != 16000 || rep.Transcripts != 1 || len(rep.Rows) != 3 || rep.Condenser != "offline-extractive" {
+			if rep.Window != 16000 || rep.Transcripts != 1 || len(rep.Rows) != 5 || rep.Condenser != "offline-extractive" {
 				t.Fatalf("report %+v", rep)
 			}
 			if rep.Rows[0].Reductions == 0 || rep.Runs != nil {
@@ -79,7 +79,7 @@ func TestRun(t *testing.T) {
 			if code := run(context.Background(), args, &out, &errOut); code != 0 {
 				t.Fatalf("exit %d: %s", code, errOut.String())
 			}
-			if !strings.Contains(errOut.String(), "[  3/3]") {
+			if !strings.Contains(errOut.String(), "[  5/5]") {
 				t.Fatalf("no progress on stderr: %q", errOut.String())
 			}
 			c.check(t, out.String())

@@ -99,24 +99,25 @@ type Row struct {
 	Configure func(p *schema.Profile)
 }
 
-// Rows are the strategies the engine has today. Masking (issue 13) plugs in
-// as two more entries once the profile has its settings and the engine emits
-// tool_results_masked, for example
-//
-//	{Name: "mask only", Configure: func(p *schema.Profile) { p.Mask = …; p.AutoCondense = &off }},
-//	{Name: "mask then keep_tail", Configure: func(p *schema.Profile) { p.Mask = …; p.Strategy = schema.StrategyKeepTail }},
-//
-// Nothing else changes: HiddenSpan counts a message whose content changed as
-// hidden (its earlier version is what the facts come from), and the meter
-// counts the masked request the summarizer is then sent.
+// Rows are the reductions the engine offers: the three condense strategies,
+// observation masking alone (auto-condense off: masking, then truncation
+// when the context is still over the allowed size), and masking first with
+// keep_tail when masking was not enough (issue 13).
 func Rows() []Row {
 	strategy := func(s schema.Strategy) func(*schema.Profile) {
 		return func(p *schema.Profile) { p.Strategy = s }
 	}
+	off := false
 	return []Row{
 		{Name: "keep_tail", Configure: strategy(schema.StrategyKeepTail)},
 		{Name: "fresh_start", Configure: strategy(schema.StrategyFreshStart)},
 		{Name: "preserve_fraction", Configure: strategy(schema.StrategyPreserveFraction)},
+		{Name: "mask only", Configure: func(p *schema.Profile) {
+			p.Mask.Enabled, p.AutoCondense = true, &off
+		}},
+		{Name: "mask then keep_tail", Configure: func(p *schema.Profile) {
+			p.Mask.Enabled, p.Strategy = true, schema.StrategyKeepTail
+		}},
 	}
 }
 
@@ -128,12 +129,10 @@ func BaseProfile(window, threshold int) schema.Profile {
 }
 
 // ReductionEvents are the event types that make the context smaller.
-// tool_results_masked is issue 13's masking event; the schema has no
-// constant for it yet, and while the engine never emits it, it counts nothing.
 var ReductionEvents = map[schema.EventType]bool{
-	schema.EventCondenseContext:             true,
-	schema.EventSlidingWindowTruncation:     true,
-	schema.EventType("tool_results_masked"): true,
+	schema.EventCondenseContext:         true,
+	schema.EventSlidingWindowTruncation: true,
+	schema.EventToolResultsMasked:       true,
 }
 
 // Run is one transcript replayed under one row.
