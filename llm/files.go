@@ -192,7 +192,6 @@ func filesFromList(summary string) []FileTouch {
 	return out
 }
 
-
 // Error lines. A tool's output reports an error on a line that names one
 // (Error, Exception, FAILED, Traceback…) and is not source code that merely
 // mentions one (an "except ValueError:" in a listing the agent read).

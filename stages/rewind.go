@@ -14,8 +14,8 @@ type Rewound struct {
 	RemovedCondenseIDs   []string
 	RemovedTruncationIDs []string
 	RemovedMaskIDs       []string // maskings undone
-	MessagesRemoved      int // agent messages deleted (summaries and markers not counted)
-	MessagesRestored     int // hidden messages that are effective again
+	MessagesRemoved      int      // agent messages deleted (summaries and markers not counted)
+	MessagesRestored     int      // hidden messages that are effective again
 }
 
 // PlanRewind is Roo's MessageManager.rewindToTimestamp over our history and
