@@ -178,16 +178,18 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 		}
 	}
 	defer readSlot(ctx)()
-	load := r.Store.MessagesRaw
-	if req.View == schema.ViewEffective {
-		// Only what no summary or marker hides: bounded by the context, not
-		// by the length of the whole history.
-		load = r.Store.Visible
+	// The effective view reads only what no summary or marker hides:
+	// bounded by the context, not by the length of the whole history. An
+	// incremental read copies only the bodies it may send.
+	bodiesAfter := int64(-1)
+	if req.After > 0 {
+		bodiesAfter = req.After
 	}
-	msgs, bodies, err := load(ctx, key)
+	h, err := r.Store.ReadHistory(ctx, key, req.View == schema.ViewEffective, bodiesAfter)
 	if err != nil {
 		return queryError(err)
 	}
+	msgs := h.Messages
 	if len(msgs) == 0 {
 		if _, found, err := r.Store.State(ctx, key); err != nil {
 			return queryError(err)
@@ -199,11 +201,19 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 	if req.View == schema.ViewEffective {
 		out = stages.EffectiveHistory(msgs)
 	}
-	page, err := pageOf(out, req)
-	if err != nil {
-		return queryError(err)
+	page := historyPage{msgs: out}
+	switch {
+	case req.After > 0 && req.After >= h.ResetSeq && req.After <= h.Seq:
+		page.msgs = appendedSince(out, msgs, h.Seqs, req.After)
+	case req.After > 0:
+		page.reset = true
+	default:
+		if page, err = pageOf(out, req); err != nil {
+			return queryError(err)
+		}
 	}
-	b, err := encodeHistory(req.ConversationID, req.View, page, stored(msgs, bodies))
+	page.seq = h.Seq
+	b, err := encodeHistory(req.ConversationID, req.View, page, stored(msgs, h.Bodies))
 	if err != nil {
 		return queryError(err)
 	}
@@ -221,6 +231,29 @@ type historyPage struct {
 	msgs  []schema.Message
 	total int    // messages in the whole view; 0 when not paged
 	next  string // cursor of the next page; "" at the end
+	seq   int64  // the conversation's change sequence
+	reset bool   // an incremental read got the whole view
+}
+
+// appendedSince is the end of view made of messages stored after change
+// after. Only appends happened since, so they are the view's last messages.
+func appendedSince(view, msgs []schema.Message, seqs []int64, after int64) []schema.Message {
+	n := 0
+	for i := len(msgs) - 1; i >= 0 && seqs[i] > after; i-- {
+		n++
+	}
+	if n == 0 {
+		return []schema.Message{}
+	}
+	last := make(map[string]bool, n)
+	for _, m := range msgs[len(msgs)-n:] {
+		last[m.ID] = true
+	}
+	i := len(view)
+	for i > 0 && last[view[i-1].ID] {
+		i--
+	}
+	return view[i:]
 }
 
 // pageOf cuts the page a request asks for out of a view. A cursor is
@@ -261,11 +294,11 @@ type storedBody struct {
 
 // stored indexes the bodies that are exactly their message's JSON: those of
 // messages without parent tags (the store keeps the tags in columns).
-func stored(msgs []schema.Message, bodies [][]byte) map[string]storedBody {
-	out := make(map[string]storedBody, len(msgs))
+func stored(msgs []schema.Message, bodies map[string][]byte) map[string]storedBody {
+	out := make(map[string]storedBody, len(bodies))
 	for i := range msgs {
-		if i < len(bodies) && msgs[i].CondenseParent == "" && msgs[i].TruncationParent == "" {
-			out[msgs[i].ID] = storedBody{bodies[i], len(msgs[i].Content.Blocks)}
+		if b, ok := bodies[msgs[i].ID]; ok && msgs[i].CondenseParent == "" && msgs[i].TruncationParent == "" {
+			out[msgs[i].ID] = storedBody{b, len(msgs[i].Content.Blocks)}
 		}
 	}
 	return out
@@ -311,6 +344,13 @@ func encodeHistory(conv string, view schema.View, page historyPage, bodies map[s
 	if page.next != "" {
 		buf = append(buf, `,"next_cursor":`...)
 		buf = strconv.AppendQuote(buf, page.next)
+	}
+	if page.seq != 0 {
+		buf = append(buf, `,"seq":`...)
+		buf = strconv.AppendInt(buf, page.seq, 10)
+	}
+	if page.reset {
+		buf = append(buf, `,"reset":true`...)
 	}
 	return append(buf, '}'), nil
 }

@@ -61,6 +61,16 @@ type HistoryRequest struct {
 	Limit int `json:"limit,omitempty"`
 	// Cursor continues a paged read: the next_cursor of the previous reply.
 	Cursor string `json:"cursor,omitempty"`
+	// After makes the read incremental: it is the seq of the previous
+	// reply for this conversation and view. When nothing but turns were
+	// appended since (no condense, truncation, mask, pin or rewind), the
+	// reply holds only the messages of the view stored after that seq (none
+	// when nothing changed); otherwise it is the whole view, marked
+	// reset: true, and the client replaces what it holds. 0 reads the whole
+	// view. After cannot be combined with limit or cursor (bad_request): a
+	// client pages without it and then goes on with the seq of its last
+	// page.
+	After int64 `json:"after,omitempty"`
 }
 
 // MaxHistoryLimit bounds a history request's limit.
@@ -93,6 +103,12 @@ func (r *HistoryRequest) Validate() error {
 	if len(r.Cursor) > 256 {
 		return QueryErrorf(QueryBadRequest, "cursor is not one this service returned")
 	}
+	if r.After < 0 {
+		return QueryErrorf(QueryBadRequest, "after must not be negative")
+	}
+	if r.After > 0 && (r.Limit != 0 || r.Cursor != "") {
+		return QueryErrorf(QueryBadRequest, "after cannot be combined with limit or cursor: page without it, then go on with the last page's seq")
+	}
 	return nil
 }
 
@@ -117,6 +133,14 @@ type HistoryReply struct {
 	Total int `json:"total,omitempty"`
 	// NextCursor, when set, reads the next page (the request's cursor).
 	NextCursor string `json:"next_cursor,omitempty"`
+	// Seq is the conversation's change sequence this reply was read at:
+	// the after of the next incremental read. Every commit that changes the
+	// conversation's messages or tags takes it one step.
+	Seq int64 `json:"seq,omitempty"`
+	// Reset is set on a reply to an incremental read (after > 0) that holds
+	// the whole view, because it changed in other ways than appends since.
+	// An incremental reply without it holds only the messages appended.
+	Reset bool `json:"reset,omitempty"`
 }
 
 // QueryVerb is the last token of a query subject: history, status, events.

@@ -276,11 +276,20 @@ type committer struct {
 	// a batch is written, once, after every entry has applied.
 	states     map[string][]byte
 	stateOrder []string
+	// seqs holds the change sequence of each conversation whose history
+	// this transaction changes: one step per transaction.
+	seqs     map[string]*historySeq
+	seqOrder []string
+}
+
+// historySeq is a conversation's row of history_seq within a transaction.
+type historySeq struct {
+	seq, reset int64
 }
 
 func newCommitter(tx *sql.Tx, now int64) *committer {
 	return &committer{tx: tx, now: now, stmts: map[string]*sql.Stmt{},
-		lastPos: map[string]float64{}, states: map[string][]byte{}}
+		lastPos: map[string]float64{}, states: map[string][]byte{}, seqs: map[string]*historySeq{}}
 }
 
 func (c *committer) writeStates(ctx context.Context) error {
@@ -289,7 +298,54 @@ func (c *committer) writeStates(ctx context.Context) error {
 			return fmt.Errorf("put state of %s: %w", conv, err)
 		}
 	}
+	for _, conv := range c.seqOrder {
+		hs := c.seqs[conv]
+		if _, err := c.exec(ctx, qPutSeq, conv, hs.seq, hs.reset); err != nil {
+			return fmt.Errorf("put change sequence of %s: %w", conv, err)
+		}
+	}
 	return nil
+}
+
+// bump returns the change sequence this transaction gives conversation
+// conv, taking one step past the stored one at its first change; reset
+// records that the change was more than an append.
+func (c *committer) bump(ctx context.Context, conv string, reset bool) (int64, error) {
+	hs, ok := c.seqs[conv]
+	if !ok {
+		hs = &historySeq{}
+		row, err := c.queryRow(ctx, qGetSeq, conv)
+		if err == nil {
+			err = row.Scan(&hs.seq, &hs.reset)
+		}
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return 0, fmt.Errorf("change sequence of %s: %w", conv, err)
+		}
+		hs.seq++
+		c.seqs[conv] = hs
+		c.seqOrder = append(c.seqOrder, conv)
+	}
+	if reset {
+		hs.reset = hs.seq
+	}
+	return hs.seq, nil
+}
+
+// changesHistory tells whether an applied entry changes its conversation's
+// history (or how the effective history is made of it), and whether it
+// does more than append: only a turn whose changes are appends alone
+// leaves what a reader has read as it was.
+func changesHistory(x *encoded) (changes, more bool) {
+	if x.in.Status != StatusApplied || x.ch == nil || x.conv == "" {
+		return false, false
+	}
+	more = x.in.Kind != string(schema.KindTurn) || len(x.deletes) > 0 || len(x.ch.Tags) > 0
+	for _, em := range x.msgs {
+		if em.before != "" {
+			more = true
+		}
+	}
+	return more || len(x.msgs) > 0, more
 }
 
 func (c *committer) stmt(ctx context.Context, q string) (*sql.Stmt, error) {
@@ -325,7 +381,10 @@ const (
 		status, reason, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`
 	qStoredInput   = `SELECT conversation_id, payload_hash FROM inputs WHERE id = ?`
 	qInsertMessage = `INSERT INTO messages (conversation_id, id, pos, ts, role, is_summary, condense_id, condense_parent,
-		is_truncation_marker, truncation_id, truncation_parent, tokens, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+		is_truncation_marker, truncation_id, truncation_parent, tokens, body, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	qGetSeq = `SELECT seq, reset_seq FROM history_seq WHERE conversation_id = ?`
+	qPutSeq = `INSERT INTO history_seq (conversation_id, seq, reset_seq) VALUES (?, ?, ?)
+		ON CONFLICT (conversation_id) DO UPDATE SET seq = excluded.seq, reset_seq = excluded.reset_seq`
 	qLastPos   = `SELECT COALESCE(MAX(pos), 0) FROM messages WHERE conversation_id = ?`
 	qPosOf     = `SELECT pos FROM messages WHERE conversation_id = ? AND id = ?`
 	qPrevPos   = `SELECT MAX(pos) FROM messages WHERE conversation_id = ? AND pos < ?`
@@ -392,13 +451,20 @@ func (c *committer) applyChanges(ctx context.Context, x *encoded) error {
 	if x.ch == nil {
 		return nil
 	}
+	var seq int64
+	if changes, more := changesHistory(x); changes {
+		var err error
+		if seq, err = c.bump(ctx, x.conv, more); err != nil {
+			return err
+		}
+	}
 	for _, id := range x.deletes {
 		if _, err := c.exec(ctx, qDelete, x.conv, id); err != nil {
 			return fmt.Errorf("delete message %s: %w", id, err)
 		}
 	}
 	for _, em := range x.msgs {
-		if err := c.insertMessage(ctx, x.conv, em); err != nil {
+		if err := c.insertMessage(ctx, x.conv, em, seq); err != nil {
 			return err
 		}
 	}
@@ -438,14 +504,14 @@ func (c *committer) applyChanges(ctx context.Context, x *encoded) error {
 	return nil
 }
 
-func (c *committer) insertMessage(ctx context.Context, conv string, em encodedMessage) error {
+func (c *committer) insertMessage(ctx context.Context, conv string, em encodedMessage, seq int64) error {
 	pos, err := c.position(ctx, conv, em.before)
 	if err != nil {
 		return fmt.Errorf("insert message %s: %w", em.m.ID, err)
 	}
 	m := em.m
 	if _, err := c.exec(ctx, qInsertMessage, conv, m.ID, pos, m.TS, string(m.Role), m.IsSummary, m.CondenseID,
-		m.CondenseParent, m.IsTruncationMarker, m.TruncationID, m.TruncationParent, m.Tokens, em.body); err != nil {
+		m.CondenseParent, m.IsTruncationMarker, m.TruncationID, m.TruncationParent, m.Tokens, em.body, seq); err != nil {
 		return fmt.Errorf("insert message %s: %w", m.ID, err)
 	}
 	return nil

@@ -105,6 +105,105 @@ func (s *Store) Visible(ctx context.Context, conv string) (msgs []schema.Message
 		ORDER BY m.pos`)
 }
 
+// History is a conversation's history as one read of it saw it, for a
+// history reply.
+type History struct {
+	// Messages are the stored messages in position order: every one, or
+	// those no summary or marker hides (see Visible).
+	Messages []schema.Message
+	// Seqs[i] is the change sequence of the commit that stored Messages[i].
+	Seqs []int64
+	// Bodies holds the stored body (see Visible) of each message with a
+	// sequence above the read's bodiesAfter, by message id.
+	Bodies map[string][]byte
+	// Seq is the conversation's change sequence: every commit that changes
+	// its messages or tags takes one step. ResetSeq is the last step that
+	// did more than append turns (a condense, truncation, mask, pin or
+	// rewind): a reader that read the history at Seq A >= ResetSeq has every
+	// message but those with a sequence above A, and those are appended.
+	Seq, ResetSeq int64
+}
+
+// ReadHistory reads a conversation's history (visibleOnly: what Visible
+// returns) and its change sequence in one snapshot, with the bodies of the
+// messages stored after change bodiesAfter (all of them for a negative
+// one). Bodies of earlier messages are neither copied nor, when the cache
+// holds them, decoded: an incremental read costs what it returns.
+func (s *Store) ReadHistory(ctx context.Context, conv string, visibleOnly bool, bodiesAfter int64) (History, error) {
+	var h History
+	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return h, fmt.Errorf("history of %s: %w", conv, err)
+	}
+	defer tx.Rollback()
+	err = tx.QueryRowContext(ctx, "SELECT seq, reset_seq FROM history_seq WHERE conversation_id = ?", conv).Scan(&h.Seq, &h.ResetSeq)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return h, fmt.Errorf("history of %s: %w", conv, err)
+	}
+	q := `SELECT m.id, m.is_summary, m.condense_id, m.condense_parent, m.is_truncation_marker,
+		m.truncation_id, m.truncation_parent, m.tokens, m.seq, CASE WHEN m.seq > ?2 THEN m.body END
+		FROM messages m WHERE m.conversation_id = ?1`
+	if visibleOnly {
+		q += visibleFilter
+	}
+	rows, err := tx.QueryContext(ctx, q+" ORDER BY m.pos", conv, bodiesAfter)
+	if err != nil {
+		return h, fmt.Errorf("history of %s: %w", conv, err)
+	}
+	defer rows.Close()
+	h.Bodies = map[string][]byte{}
+	var missed []int
+	for rows.Next() {
+		var (
+			id   string
+			t    schema.Message
+			seq  int64
+			body []byte
+		)
+		if err := rows.Scan(&id, &t.IsSummary, &t.CondenseID, &t.CondenseParent, &t.IsTruncationMarker,
+			&t.TruncationID, &t.TruncationParent, &t.Tokens, &seq, &body); err != nil {
+			return h, fmt.Errorf("history of %s: %w", conv, err)
+		}
+		m, ok := s.cache.get(id)
+		switch {
+		case ok:
+		case body != nil:
+			if err := json.Unmarshal(body, &m); err != nil {
+				return h, fmt.Errorf("history of %s: decode %s: %w", conv, id, err)
+			}
+			s.cache.put(id, m, len(body))
+		default:
+			m.ID = id
+			missed = append(missed, len(h.Messages))
+		}
+		if body != nil {
+			h.Bodies[id] = body
+		}
+		setTags(&m, &t)
+		h.Messages = append(h.Messages, m)
+		h.Seqs = append(h.Seqs, seq)
+	}
+	if err := rows.Err(); err != nil {
+		return h, fmt.Errorf("history of %s: %w", conv, err)
+	}
+	rows.Close()
+	for len(missed) > 0 {
+		n := min(len(missed), 500)
+		if err := fillBodies(ctx, tx, s.cache, conv, h.Messages, missed[:n]); err != nil {
+			return h, err
+		}
+		missed = missed[n:]
+	}
+	return h, nil
+}
+
+// visibleFilter keeps the messages no stored summary or marker hides.
+const visibleFilter = `
+		AND NOT (m.condense_parent != '' AND EXISTS (SELECT 1 FROM messages s WHERE s.conversation_id = ?1
+			AND s.is_summary = 1 AND s.condense_id = m.condense_parent))
+		AND NOT (m.truncation_parent != '' AND EXISTS (SELECT 1 FROM messages k WHERE k.conversation_id = ?1
+			AND k.is_truncation_marker = 1 AND k.truncation_id = m.truncation_parent))`
+
 // HiddenCount is how many stored messages a summary or marker hides.
 func (s *Store) HiddenCount(ctx context.Context, conv string) (stored, hidden int, err error) {
 	err = s.r.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(

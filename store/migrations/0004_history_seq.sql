@@ -1,0 +1,16 @@
+-- 0004: each conversation's change sequence, for incremental history reads
+-- (issue 9). history_seq.seq is bumped by every commit that changes the
+-- conversation's messages or tags; reset_seq is the seq of the last such
+-- commit that did more than append turns (a condense, truncation, mask,
+-- pin, rewind or an insertion before another message). messages.seq is the
+-- seq of the commit that stored the message. A reader that has read the
+-- history at seq A gets only the messages with seq > A while reset_seq <= A;
+-- otherwise the whole history again. Rows stored before this have seq 0.
+
+ALTER TABLE messages ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+
+CREATE TABLE history_seq (
+    conversation_id TEXT    PRIMARY KEY,
+    seq             INTEGER NOT NULL,
+    reset_seq       INTEGER NOT NULL
+) WITHOUT ROWID;
