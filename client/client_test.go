@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -558,5 +560,24 @@ func TestEventsEndWithTheConnection(t *testing.T) {
 	}
 	if !errors.Is(s.Err(), nats.ErrConnectionClosed) {
 		t.Fatalf("err %v", s.Err())
+	}
+}
+
+// A user who may not read the events learns so from Events, not from a
+// stream that stays silent.
+func TestEventsRefused(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(conf, []byte(`authorization { users = [
+		{user: agent, password: pw, permissions: {subscribe: {deny: ["ctx.events.>"]}}}
+	] }`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, url := natstest.RunWithConfig(t, conf)
+	c, err := client.New(natstest.Connect(t, url, nats.UserInfo("agent", "pw")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Events(t.Context(), "c1"); !errors.Is(err, nats.ErrPermissionViolation) {
+		t.Fatalf("events: %v", err)
 	}
 }

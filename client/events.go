@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go"
@@ -134,6 +135,11 @@ func (c *Client) Events(ctx context.Context, conv string, opts ...EventsOption) 
 	fctx, fcancel := c.bound(ctx, 0)
 	err := c.nc.FlushWithContext(fctx)
 	fcancel()
+	if err == nil {
+		// A subscription the server refuses fails only asynchronously; its
+		// -ERR comes before the flush's PONG, so it is known by now.
+		err = refused(c.nc, subjects)
+	}
 	if err != nil {
 		unsubscribe()
 		c.nc.RemoveStatusListener(status)
@@ -157,6 +163,21 @@ func (c *Client) Events(ctx context.Context, conv string, opts ...EventsOption) 
 		close(s.done)
 	}()
 	return s, nil
+}
+
+// refused returns the server's permissions violation for one of subjects,
+// if the connection's last error is one.
+func refused(nc *nats.Conn, subjects []string) error {
+	err := nc.LastError()
+	if !errors.Is(err, nats.ErrPermissionViolation) {
+		return nil
+	}
+	for _, s := range subjects {
+		if strings.Contains(err.Error(), `Subscription to "`+s+`"`) {
+			return err
+		}
+	}
+	return nil
 }
 
 // eventQueue is an unbounded queue between the subscription handlers and

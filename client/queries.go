@@ -84,6 +84,10 @@ func PageSize(n int) HistoryOption { return func(h *historyConfig) { h.pageSize 
 // message.
 func Cursor(cursor string) HistoryOption { return func(h *historyConfig) { h.cursor = cursor } }
 
+// maxRestarts bounds how often History reads a view again because it
+// changed while being paged.
+const maxRestarts = 8
+
 // defaultPage is the page size History falls back to when a whole view does
 // not fit in one reply.
 const defaultPage = 1000
@@ -124,10 +128,13 @@ func (c *Client) History(ctx context.Context, conv string, opts ...HistoryOption
 		case err == nil:
 			all.NextCursor = ""
 			return all, nil
-		case errors.Is(err, ErrStaleCursor) && attempt < 3:
-			// The view changed under the paging: read it again. The wait
-			// is done, the first page already had it.
+		case errors.Is(err, ErrStaleCursor) && attempt < maxRestarts:
+			// The view changed under the paging: read it again, in pages
+			// twice as large, so that fewer requests give a change less
+			// room (too_large halves them again). The wait is done: the
+			// first page had it.
 			h.waitFor = ""
+			h.pageSize *= 2
 		case errors.Is(err, ErrTooLarge) && h.pageSize != 1:
 			if h.pageSize == 0 {
 				h.pageSize = defaultPage
