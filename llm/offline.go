@@ -401,6 +401,8 @@ func explicitPath(p string) string {
 
 var pathChars = regexp.MustCompile(`^[A-Za-z0-9_./~+@-]+$`)
 
+var sedScript = regexp.MustCompile(`^[sy]/[^/]*/[^/]*/[a-zA-Z0-9]*$`)
+
 // Extensions that make a bare name (no slash) count as a file.
 var fileExts = map[string]bool{
 	"py": true, "pyi": true, "go": true, "js": true, "mjs": true, "ts": true, "tsx": true, "jsx": true,
@@ -427,6 +429,9 @@ func looksLikePath(w string) bool {
 	}
 	if w == ".." || w == "~" || strings.Trim(w, "./") == "" {
 		return false
+	}
+	if sedScript.MatchString(w) {
+		return false // s/old/new/g is a sed expression, not a directory
 	}
 	if ext := strings.TrimPrefix(path.Ext(w), "."); fileExts[ext] {
 		base := strings.TrimSuffix(path.Base(w), "."+ext)

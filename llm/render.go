@@ -5,6 +5,7 @@ import (
 
 	openai "github.com/sashabaranov/go-openai"
 
+	"github.com/ctxpipe/ctxpipe/prompts"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -61,12 +62,12 @@ func renderBlock(b schema.Block) (string, bool) {
 }
 
 // chatMessages builds the request: the condensing prompt as the system
-// message, then each message under its own role. Messages that render to
+// message (with a manual request's instructions appended), then each message under its own role. Messages that render to
 // nothing (an assistant turn holding only reasoning) are skipped, since
 // several OpenAI-compatible servers reject empty content.
 func chatMessages(req schema.SummaryRequest) []openai.ChatCompletionMessage {
 	out := make([]openai.ChatCompletionMessage, 0, len(req.Messages)+1)
-	if p := strings.TrimSpace(req.Prompt); p != "" {
+	if p := strings.TrimSpace(prompts.WithInstructions(req.Prompt, req.Instructions)); p != "" {
 		out = append(out, openai.ChatCompletionMessage{Role: openai.ChatMessageRoleSystem, Content: p})
 	}
 	for _, m := range req.Messages {

@@ -25,7 +25,23 @@ var (
 	toolDeferred string
 	//go:embed synthetic_reasoning.txt
 	syntheticReasoning string
+	//go:embed request_instructions.txt
+	requestInstructions string
 )
+
+// RequestInstructions introduces a manual condense's own instructions, which
+// a model summarizer appends to the system prompt (see WithInstructions).
+var RequestInstructions = strings.TrimSpace(requestInstructions)
+
+// WithInstructions returns the system prompt with a request's instructions
+// appended under RequestInstructions, or the prompt alone when there are none.
+func WithInstructions(prompt, instructions string) string {
+	in := strings.TrimSpace(instructions)
+	if in == "" {
+		return prompt
+	}
+	return prompt + "\n\n" + RequestInstructions + "\n<instructions>\n" + in + "\n</instructions>"
+}
 
 // Detailed is the built-in system prompt for keep_tail and fresh_start: a
 // structured summary under the six headings in DetailedSections.
