@@ -581,3 +581,66 @@ func TestEventsRefused(t *testing.T) {
 		t.Fatalf("events: %v", err)
 	}
 }
+
+// A Tracker's view is always what a full read gives: appends come alone,
+// anything else as the whole view.
+func TestTracker(t *testing.T) {
+	c, _, _ := newClient(t)
+	ctx := t.Context()
+	const conv = "tracked"
+	for _, view := range []schema.View{schema.ViewEffective, schema.ViewFull} {
+		conv := conv + "-" + string(view)
+		tr := c.Track(conv, client.View(view))
+		check := func(what string, rep *schema.HistoryReply, err error, reset bool) {
+			t.Helper()
+			if err != nil {
+				t.Fatalf("%s %s: %v", view, what, err)
+			}
+			full, err := c.History(ctx, conv, client.View(view))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(rep.Messages, full.Messages) || rep.Reset != reset || rep.Seq != full.Seq || rep.Seq == 0 {
+				t.Fatalf("%s %s: %d messages (reset %v, seq %d), a full read %d (seq %d)", view, what,
+					len(rep.Messages), rep.Reset, rep.Seq, len(full.Messages), full.Seq)
+			}
+		}
+		last := appendTurns(ctx, c, conv, 4)
+		rep, err := tr.Read(ctx, last)
+		check("first read", rep, err, true)
+		rep, err = tr.Read(ctx, "")
+		check("unchanged", rep, err, false)
+		for i := 4; i < 8; i++ {
+			if last, err = c.Append(ctx, turn(conv, i)); err != nil {
+				t.Fatal(err)
+			}
+			rep, err = tr.Read(ctx, last)
+			check("append", rep, err, false)
+		}
+		id, err := c.Condense(ctx, conv, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err = tr.Read(ctx, id)
+		check("condense", rep, err, true)
+		if last, err = c.Append(ctx, turn(conv, 8)); err != nil {
+			t.Fatal(err)
+		}
+		rep, err = tr.Read(ctx, last)
+		check("append after the condense", rep, err, false)
+		if id, err = c.Rewind(ctx, conv, turn(conv, 6).TS, true); err != nil {
+			t.Fatal(err)
+		}
+		rep, err = tr.Read(ctx, id)
+		check("rewind", rep, err, true)
+		bad, err := c.Append(ctx, schema.Turn{ConversationID: conv, Role: "robot", Content: schema.TextContent("x")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tr.Read(ctx, bad); !errors.Is(err, client.ErrRejected) {
+			t.Fatalf("read after a rejected input: %v", err)
+		}
+		rep, err = tr.Read(ctx, "")
+		check("after the rejection", rep, err, false)
+	}
+}

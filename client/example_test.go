@@ -481,3 +481,33 @@ func ExampleClient_Close() {
 	fmt.Println(nc.IsConnected())
 	// Output: true
 }
+
+func ExampleClient_Track() {
+	c, stop := connect()
+	defer stop()
+	ctx := context.Background()
+	// An agent reads its effective history after every turn; the Tracker
+	// asks only for what was appended since its last read.
+	history := c.Track("task-42")
+	for i := range 12 {
+		id, err := c.Append(ctx, turn("task-42", i))
+		if err != nil {
+			log.Fatal(err)
+		}
+		h, err := history.Read(ctx, id)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if h.Reset && i > 0 {
+			fmt.Printf("turn %d: the view changed, %d messages\n", i, len(h.Messages))
+		}
+	}
+	h, err := history.Read(ctx, "")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(h.Messages), "messages now")
+	// Output:
+	// turn 9: the view changed, 5 messages
+	// 7 messages now
+}

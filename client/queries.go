@@ -123,6 +123,9 @@ func (c *Client) History(ctx context.Context, conv string, opts ...HistoryOption
 				// paged reply does.
 				all.Total = page.Total
 			}
+			// The view assembled is the one of the last page: the cursors
+			// held, so only appends happened in between, and they are in.
+			all.Seq = page.Seq
 		}
 		switch {
 		case err == nil:
