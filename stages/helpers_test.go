@@ -41,6 +41,8 @@ func ids(ms []schema.Message) []string {
 	out := make([]string, len(ms))
 	for i := range ms {
 		switch {
+		case ms[i].IsMask(): // a masked stand-in, named after its original
+			out[i] = fmt.Sprintf("M%d", (ms[i].TS-1000)/10)
 		case ms[i].IsSummary:
 			out[i] = "S"
 		case ms[i].IsTruncationMarker:
