@@ -276,7 +276,9 @@ func (r *run) condense(d Decision) (bool, error) {
 	// pass.
 	before := effectiveTokens(r.st.SystemTokens, r.hist)
 	plan, planErr := PlanCondenseWith(r.hist, r.p, r.in.ID, CondenseOptions{Keep: r.keep, Instructions: r.in.Instructions, MaskResults: r.p.Mask.Enabled})
-	if planErr == nil && d.Trigger == schema.TriggerAuto {
+	kept := keptTokens(r.st.SystemTokens, r.hist, r.keep)
+	keptOver := len(r.keep) > 0 && d.Allowed > 0 && float64(kept) > d.Allowed
+	if planErr == nil && !keptOver && d.Trigger == schema.TriggerAuto {
 		// The most a condense can free is what it hides: its summary only
 		// adds. Below the minimum gain it is not worth a broken prompt
 		// cache (nor the model call), so it is not tried.
@@ -315,7 +317,7 @@ func (r *run) condense(d Decision) (bool, error) {
 		}
 		return false, err
 	}
-	if kept := keptTokens(r.st.SystemTokens, r.hist, r.keep); len(r.keep) > 0 && d.Allowed > 0 && float64(kept) > d.Allowed {
+	if keptOver {
 		// What must stay verbatim is already over the allowed context: no
 		// summary can bring it under. The truncation that follows keeps
 		// those messages too, so the agent's next request may overflow;
