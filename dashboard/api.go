@@ -1,0 +1,292 @@
+package dashboard
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/stages"
+)
+
+// Row is one conversation as the pages show it.
+type Row struct {
+	Key            string  `json:"key"`    // <tenant>.<conv> or <conv>: the id in the page's URL
+	Tenant         string  `json:"tenant"` // "" for the service's own account
+	ID             string  `json:"id"`     // the conversation id as its agents know it
+	Profile        string  `json:"profile"`
+	Tokens         int     `json:"tokens"`
+	Window         int     `json:"window"`           // 0 when the profile is unknown
+	Allowed        int     `json:"allowed"`          // above it the service truncates
+	Threshold      int     `json:"threshold"`        // percent of the window
+	ThresholdToken int     `json:"threshold_tokens"` // the same in tokens
+	Percent        float64 `json:"percent"`
+	Messages       int     `json:"messages"` // stored, hidden ones included
+	Hidden         int     `json:"hidden"`
+	Condenses      int     `json:"condenses"`
+	Truncations    int     `json:"truncations"`
+	UpdatedAt      int64   `json:"updated_at"` // Unix ms of its last change
+}
+
+// Live is what a page needs to follow a snapshot without a gap: where in
+// CTX_EVENTS and in the inputs it was read.
+type Live struct {
+	// Seq is CTX_EVENTS's last sequence read before the store was: every
+	// event at or below it is in the snapshot (the relay publishes only
+	// committed events), so the page's event stream starts after it.
+	Seq uint64 `json:"seq"`
+	// Mark is the store's input mark (store.InputMark) read before the
+	// snapshot: the event stream says "changed" once it moves.
+	Mark int64 `json:"mark"`
+	// NATS is "connected", or why not ("disconnected: ...").
+	NATS string `json:"nats"`
+}
+
+type listReply struct {
+	Live
+	Conversations []Row `json:"conversations"`
+}
+
+// row computes a conversation's figures as ctx.q.status does.
+func (h *Dashboard) row(key string, st schema.ConversationState, stored, hidden int, updated int64) Row {
+	tenant, id := schema.SplitKey(key)
+	r := Row{Key: key, Tenant: tenant, ID: id, Profile: st.ProfileID, Tokens: st.ContextTokens,
+		Messages: stored, Hidden: hidden, Condenses: st.Condensations, Truncations: st.Truncations, UpdatedAt: updated}
+	pid := st.ProfileID
+	if pid == "" {
+		pid = schema.DefaultProfileID
+	}
+	if p, ok := h.d.Profiles.Get(pid); ok {
+		r.Window = p.ContextWindow
+		r.Allowed = int(stages.AllowedTokens(&p))
+		r.Threshold = p.EffectiveThreshold(h.d.Globals.AutoCondensePercent, nil)
+		r.ThresholdToken = p.ContextWindow * r.Threshold / 100
+		if p.ContextWindow > 0 {
+			r.Percent = float64(int(10000*float64(st.ContextTokens)/float64(p.ContextWindow))) / 100
+		}
+	}
+	return r
+}
+
+// live reads the stream position and the input mark, in that order, before
+// the caller reads the store. With NATS down the snapshot is still served,
+// from SQLite, and the page says live updates wait for NATS.
+func (h *Dashboard) live(ctx context.Context) Live {
+	l := Live{NATS: natsState(h.d.JS.Conn())}
+	if l.NATS == "connected" {
+		ictx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		s, err := h.d.JS.Stream(ictx, bus.StreamEvents)
+		if err == nil {
+			var info *jetstream.StreamInfo
+			if info, err = s.Info(ictx); err == nil {
+				l.Seq = info.State.LastSeq
+			}
+		}
+		if err != nil {
+			l.NATS = "unavailable: " + err.Error()
+		}
+	}
+	mark, err := h.d.Store.InputMark(ctx)
+	if err == nil {
+		l.Mark = mark
+	}
+	return l
+}
+
+func natsState(nc *nats.Conn) string {
+	switch st := nc.Status(); st {
+	case nats.CONNECTED:
+		return "connected"
+	default:
+		if err := nc.LastError(); err != nil {
+			return st.String() + ": " + err.Error()
+		}
+		return st.String()
+	}
+}
+
+func (h *Dashboard) listConversations(w http.ResponseWriter, r *http.Request) {
+	rep := listReply{Live: h.live(r.Context()), Conversations: []Row{}}
+	infos, err := h.d.Store.ConversationInfos(r.Context())
+	if err != nil {
+		h.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	for _, ci := range infos {
+		rep.Conversations = append(rep.Conversations, h.row(ci.Key, ci.State, ci.Stored, ci.Hidden, ci.UpdatedAt))
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// convReply is one conversation's snapshot.
+type convReply struct {
+	Live
+	Row
+	History []HistoryItem     `json:"history"` // the full history, position order
+	Events  []json.RawMessage `json:"events"`  // every event, commit order
+	Series  []Point           `json:"series"`  // the plot's points
+}
+
+func (h *Dashboard) conversation(w http.ResponseWriter, r *http.Request) {
+	key := r.PathValue("key")
+	if !schema.ValidConversationKey(key) {
+		h.fail(w, http.StatusBadRequest, fmt.Errorf("%q is not a conversation key (<conv> or <tenant>.<conv>)", key))
+		return
+	}
+	ctx := r.Context()
+	live := h.live(ctx)
+	// One snapshot for the state, the history and the context events.
+	snap, err := h.d.Store.Load(ctx, key)
+	if err != nil {
+		h.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	if !snap.Found {
+		h.fail(w, http.StatusNotFound, fmt.Errorf("no conversation %q", key))
+		return
+	}
+	updated, _, err := h.d.Store.UpdatedAt(ctx, key)
+	if err != nil {
+		h.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	events, err := h.d.Store.Events(ctx, key)
+	if err != nil {
+		h.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	items, hidden := History(snap.Messages)
+	rep := convReply{Live: live, Row: h.row(key, snap.State, len(snap.Messages), hidden, updated),
+		History: items, Events: make([]json.RawMessage, 0, len(events)), Series: Series(snap.Messages, events)}
+	for _, e := range events {
+		b, err := schema.Marshal(e)
+		if err != nil {
+			h.fail(w, http.StatusInternalServerError, err)
+			return
+		}
+		rep.Events = append(rep.Events, b)
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// controlRequest is the body of a control POST; a condense needs none.
+type controlRequest struct {
+	TS            int64  `json:"ts"`             // rewind: the cutoff, a stored message's ts
+	IncludeTarget bool   `json:"include_target"` // rewind: keep the message at ts
+	Instructions  string `json:"instructions"`   // condense: for the summarizer, optional
+}
+
+// control publishes a condense or rewind for the conversation in the path,
+// on ctx.in.<key>.<kind>, and answers the input's id once CTX_IN stored it;
+// the outcome arrives as events.
+func (h *Dashboard) control(kind schema.InputKind) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		key := r.PathValue("key")
+		if !schema.ValidConversationKey(key) {
+			h.fail(w, http.StatusBadRequest, fmt.Errorf("%q is not a conversation key", key))
+			return
+		}
+		if err := sameOrigin(r); err != nil {
+			h.fail(w, http.StatusForbidden, err)
+			return
+		}
+		var req controlRequest
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			h.fail(w, http.StatusBadRequest, fmt.Errorf("body: %w", err))
+			return
+		}
+		_, found, err := h.d.Store.State(r.Context(), key)
+		if err != nil {
+			h.fail(w, http.StatusInternalServerError, err)
+			return
+		}
+		if !found {
+			h.fail(w, http.StatusNotFound, fmt.Errorf("no conversation %q", key))
+			return
+		}
+		_, conv := schema.SplitKey(key)
+		// The payload names the conversation as its tenant's clients know
+		// it; the tenant is in the subject only (schema.DecodeInput).
+		in := schema.Input{Kind: kind, ID: uuid.NewString(), ConversationID: conv, TS: time.Now().UnixMilli()}
+		switch kind {
+		case schema.KindCondense:
+			in.Trigger, in.Instructions = schema.TriggerManual, req.Instructions
+		case schema.KindRewind:
+			if req.TS <= 0 {
+				h.fail(w, http.StatusBadRequest, errors.New("a rewind needs ts: the ts of a stored message (Unix ms)"))
+				return
+			}
+			in.TS, in.IncludeTarget = req.TS, req.IncludeTarget
+		}
+		data, err := schema.ControlPayload(in)
+		if err != nil {
+			h.fail(w, http.StatusBadRequest, err)
+			return
+		}
+		if s := natsState(h.d.JS.Conn()); s != "connected" {
+			h.fail(w, http.StatusServiceUnavailable, fmt.Errorf("NATS is %s: the %s was not sent", s, kind))
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		subject := schema.InputSubjectPrefix + key + "." + string(kind)
+		if _, err := bus.PublishInput(ctx, h.d.JS, subject, in.ID, data); err != nil {
+			h.fail(w, http.StatusServiceUnavailable, err)
+			return
+		}
+		h.d.Log.Info("dashboard: control input published", "subject", subject, "input", in.ID)
+		writeJSON(w, http.StatusAccepted, map[string]string{"input_id": in.ID, "subject": subject})
+	}
+}
+
+// sameOrigin refuses what another site's page could send: a body that is
+// not JSON (a form needs no preflight) or a request from another origin.
+func sameOrigin(r *http.Request) error {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || mt != "application/json" {
+		return errors.New("a control request must be application/json")
+	}
+	if o := r.Header.Get("Origin"); o != "" {
+		u, err := url.Parse(o)
+		if err != nil || u.Host != r.Host {
+			return fmt.Errorf("origin %q is not this dashboard's", o)
+		}
+	}
+	return nil
+}
+
+// apiError is every failed API call's body.
+type apiError struct {
+	Error string `json:"error"`
+}
+
+func (h *Dashboard) fail(w http.ResponseWriter, status int, err error) {
+	if status >= 500 {
+		h.d.Log.Warn("dashboard request failed", "status", status, "err", err)
+	}
+	writeJSON(w, status, apiError{Error: err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := schema.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":"encoding the reply failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}

@@ -1,0 +1,126 @@
+// Package dashboard is ctxpipe's live dashboard: a conversations page (every
+// conversation with its context gauge) and a page per conversation (the
+// context-size plot, the event timeline, the history with what each summary
+// or truncation marker hides, and buttons to condense now and to rewind).
+// The pages are plain HTML, CSS and JavaScript embedded in the binary (no
+// build step, nothing fetched from a CDN: the machines it runs on may have
+// no internet), kept live over Server-Sent Events fed by CTX_EVENTS.
+//
+// cmd/consumer mounts the handler New returns at / on its HTTP address.
+//
+// Whose credentials. The dashboard runs inside the service and acts with the
+// service's own NATS connection, in the service's account: it reads SQLite
+// and CTX_EVENTS directly, sees every tenant's conversations (the tenant is
+// a column: conversation keys are <tenant>.<conv>, schema.SplitKey), and
+// publishes the condense and rewind it is asked for on
+// ctx.in.<tenant>.<conv>.<kind>, exactly where the server maps a tenant's
+// own input. It does not log the browser user in as NATS's "ui" user: the
+// browser holds no NATS credentials, and whoever can reach the HTTP
+// listener can condense and rewind any conversation. That listener is
+// loopback by default (127.0.0.1:9464, --http); expose it only behind
+// something that authenticates. Two guards keep another web site from
+// driving a browser on the same machine against it: a control request must
+// be JSON (which a cross-site form cannot send without a CORS preflight the
+// dashboard never grants) and a cross-origin Origin is refused.
+package dashboard
+
+import (
+	"embed"
+	"errors"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/pipeline"
+	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/store"
+)
+
+//go:embed static
+var staticFiles embed.FS
+
+// Deps is what the dashboard reads and acts through; all of it is the
+// service's own.
+type Deps struct {
+	// Store is read for the conversations, their histories, states and
+	// events.
+	Store *store.Store
+	// JS reads CTX_EVENTS (an ordered consumer per open page) and publishes
+	// control inputs to CTX_IN (bus.PublishInput). Its connection's status
+	// is what the pages show as "NATS down".
+	JS jetstream.JetStream
+	// Profiles give each conversation its window, allowed size and
+	// threshold.
+	Profiles *pipeline.Profiles
+	// Globals are the service's defaults (the global condense percent, for
+	// profiles that inherit it).
+	Globals schema.Globals
+	// Log receives the dashboard's failures (nil: discarded).
+	Log *slog.Logger
+	// Poll is how often an open page's event stream checks the store for
+	// new turns, which emit no event (0: 300 ms).
+	Poll time.Duration
+}
+
+// Dashboard serves the pages, the JSON API and the event streams.
+type Dashboard struct {
+	d   Deps
+	mux *http.ServeMux
+}
+
+// New returns the dashboard's handler, to be mounted at /:
+//
+//	GET  /                                    conversations page
+//	GET  /c/{key}                             one conversation's page
+//	GET  /static/...                          the embedded CSS and JavaScript
+//	GET  /api/conversations                   every conversation with its status
+//	GET  /api/conversations/{key}             status, full history, events, plot series
+//	POST /api/conversations/{key}/condense    publish a manual condense
+//	POST /api/conversations/{key}/rewind      publish a rewind {"ts","include_target"}
+//	GET  /api/events[?conv=key&after=seq]     Server-Sent Events from CTX_EVENTS
+func New(d Deps) (*Dashboard, error) {
+	if d.Store == nil || d.JS == nil || d.Profiles == nil {
+		return nil, errors.New("dashboard: Store, JS and Profiles are required")
+	}
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.Poll <= 0 {
+		d.Poll = 300 * time.Millisecond
+	}
+	if d.Globals.AutoCondensePercent == 0 {
+		d.Globals = schema.DefaultGlobals()
+	}
+	static, err := fs.Sub(staticFiles, "static")
+	if err != nil {
+		return nil, err
+	}
+	h := &Dashboard{d: d, mux: http.NewServeMux()}
+	page := func(name string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Cache-Control", "no-cache")
+			http.ServeFileFS(w, r, static, name)
+		}
+	}
+	h.mux.HandleFunc("GET /{$}", page("index.html"))
+	h.mux.HandleFunc("GET /c/{key}", page("conversation.html"))
+	h.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	h.mux.HandleFunc("GET /api/conversations", h.listConversations)
+	h.mux.HandleFunc("GET /api/conversations/{key}", h.conversation)
+	h.mux.HandleFunc("POST /api/conversations/{key}/condense", h.control(schema.KindCondense))
+	h.mux.HandleFunc("POST /api/conversations/{key}/rewind", h.control(schema.KindRewind))
+	h.mux.HandleFunc("GET /api/events", h.events)
+	return h, nil
+}
+
+// ServeHTTP serves the pages, the API and the event streams. Every response
+// forbids framing and sniffing: the pages show agents' text.
+func (h *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; frame-ancestors 'none'")
+	h.mux.ServeHTTP(w, r)
+}

@@ -1,0 +1,228 @@
+package dashboard
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// The event stream (GET /api/events) sends three kinds of Server-Sent
+// Events:
+//
+//   - "ctx": one event from CTX_EVENTS, its JSON as published; the SSE id is
+//     its stream sequence, so a browser that reconnects sends it back as
+//     Last-Event-ID and resumes right after it, missing nothing and seeing
+//     nothing twice.
+//   - "changed": the store took inputs since the page's snapshot (turns
+//     emit no event, yet move the gauge): read the snapshot again. It has
+//     no id, so it leaves the browser's Last-Event-ID alone.
+//   - "nats": {"nats": "connected" or why not}, whenever that changes.
+//
+// Without Last-Event-ID the stream starts after ?after=<seq> (the seq of
+// the snapshot the page read), else with the next event published.
+
+// streamStart is the CTX_EVENTS sequence a stream starts at: after the
+// browser's Last-Event-ID, else after ?after, else 0 (the next one
+// published).
+func streamStart(r *http.Request) (uint64, error) {
+	for _, v := range []string{r.Header.Get("Last-Event-ID"), r.URL.Query().Get("after")} {
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("event id %q is not a stream sequence", v)
+		}
+		return n + 1, nil
+	}
+	return 0, nil
+}
+
+func (h *Dashboard) events(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	key := q.Get("conv")
+	filter := schema.EventSubjectPrefix + ">"
+	if key != "" {
+		if !schema.ValidConversationKey(key) {
+			h.fail(w, http.StatusBadRequest, fmt.Errorf("%q is not a conversation key", key))
+			return
+		}
+		// ".*", not ".>": conversation "acme" must not receive tenant
+		// acme's conversations' events (ctx.events.acme.<conv>.<type>).
+		filter = schema.EventSubjectPrefix + key + ".*"
+	}
+	start, err := streamStart(r)
+	if err != nil {
+		h.fail(w, http.StatusBadRequest, err)
+		return
+	}
+	var mark int64 = -1
+	if v := q.Get("mark"); v != "" {
+		if mark, err = strconv.ParseInt(v, 10, 64); err != nil {
+			h.fail(w, http.StatusBadRequest, fmt.Errorf("mark %q is not a number", v))
+			return
+		}
+	}
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		h.fail(w, http.StatusInternalServerError, errors.New("streaming unsupported by this connection"))
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	ctx := r.Context()
+	// A browser reconnects a second after the stream breaks.
+	fmt.Fprint(w, "retry: 1000\n\n")
+	flusher.Flush()
+
+	msgs := make(chan jetstream.Msg)
+	go h.follow(ctx, filter, start, msgs)
+
+	convMark := func() string { return "" }
+	if key != "" {
+		// A turn of another conversation moves the store's mark but not
+		// this conversation's state. Two commits in one millisecond share
+		// an updated_at, so the state's own counters are compared too.
+		convMark = func() string {
+			at, _, err := h.d.Store.UpdatedAt(ctx, key)
+			st, _, err2 := h.d.Store.State(ctx, key)
+			if err != nil || err2 != nil {
+				return "?"
+			}
+			return fmt.Sprint(at, st.Messages, st.ContextTokens, st.Condensations, st.Truncations, st.LastTS)
+		}
+	}
+	lastConv := convMark()
+	if mark < 0 {
+		mark, _ = h.d.Store.InputMark(ctx)
+	} else {
+		lastConv = "" // the page's snapshot is older than now: compare the first time
+	}
+	nats := ""
+	poll := time.NewTicker(h.d.Poll)
+	defer poll.Stop()
+	ping := time.NewTicker(15 * time.Second)
+	defer ping.Stop()
+	send := func(event, id string, data []byte) bool {
+		if id != "" {
+			fmt.Fprintf(w, "id: %s\n", id)
+		}
+		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, data)
+		flusher.Flush()
+		return ctx.Err() == nil
+	}
+	check := func() bool {
+		if s := natsState(h.d.JS.Conn()); s != nats {
+			nats = s
+			b, _ := json.Marshal(map[string]string{"nats": s})
+			if !send("nats", "", b) {
+				return false
+			}
+		}
+		m, err := h.d.Store.InputMark(ctx)
+		if err != nil || m == mark {
+			return true
+		}
+		mark = m
+		if c := convMark(); key == "" || c != lastConv {
+			lastConv = c
+			return send("changed", "", []byte("{}"))
+		}
+		return true
+	}
+	if !check() {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-msgs:
+			md, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			if !send("ctx", strconv.FormatUint(md.Sequence.Stream, 10), m.Data()) {
+				return
+			}
+		case <-poll.C:
+			if !check() {
+				return
+			}
+		case <-ping.C:
+			fmt.Fprint(w, ": ping\n\n")
+			flusher.Flush()
+		}
+	}
+}
+
+// follow reads CTX_EVENTS from start (0: the next published) through an
+// ordered consumer, which re-creates itself after a gap or a reconnect,
+// and hands each message to out until ctx ends. While the consumer cannot
+// be made (NATS down) it tries again every second; the page is told NATS's
+// state by the "nats" events meanwhile.
+func (h *Dashboard) follow(ctx context.Context, filter string, start uint64, out chan<- jetstream.Msg) {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverNewPolicy}
+	if start > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
+	}
+	var cons jetstream.Consumer
+	for {
+		var err error
+		cons, err = h.d.JS.OrderedConsumer(ctx, bus.StreamEvents, cfg)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		h.d.Log.Debug("dashboard: events consumer not ready", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		h.d.Log.Warn("dashboard: events consumer", "err", err)
+		return
+	}
+	go func() {
+		<-ctx.Done()
+		it.Stop()
+	}()
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+				return
+			}
+			// The ordered consumer recovers by itself (a new consumer from
+			// the last sequence it delivered); keep reading, without
+			// spinning while it cannot.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		select {
+		case out <- m:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
