@@ -1,0 +1,133 @@
+package stages_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/stages"
+	"github.com/ctxpipe/ctxpipe/store"
+	"github.com/ctxpipe/ctxpipe/tokens"
+)
+
+// storeHistory serves the engine from the store, as the pipeline does.
+type storeHistory struct {
+	s    *store.Store
+	conv string
+}
+
+func (h storeHistory) Messages(ctx context.Context) ([]schema.Message, error) {
+	return h.s.Messages(ctx, h.conv)
+}
+
+func (h storeHistory) ContextEvents(ctx context.Context) ([]schema.ContextEventRef, error) {
+	return h.s.ContextEvents(ctx, h.conv)
+}
+
+// Maskings, pins and the condenses that follow them commit through
+// store.Commit as generic inserts and tag changes: the stored history, the
+// store's visible-messages query and a rewind agree with the in-memory
+// Conversation at every step.
+func TestMaskingCommitsThroughTheStore(t *testing.T) {
+	ctx := context.Background()
+	s, err := store.Open(ctx, filepath.Join(t.TempDir(), "ctx.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const conv = "mask-store"
+	p := schema.Profile{ID: "m", ContextWindow: 10000, MaxTokens: 100, Strategy: schema.StrategyKeepTail,
+		MinGainTokens: new(int), Mask: schema.MaskSettings{Enabled: true, KeepLast: new(int)}}
+	eng := stages.NewEngine(stages.SummarizerFunc(func(_ context.Context, req schema.SummaryRequest) (schema.Summary, error) {
+		return schema.Summary{Text: fmt.Sprintf("summary of %d messages", len(req.Messages)), Model: "t"}, nil
+	}))
+	eng.Log = slog.New(slog.DiscardHandler)
+	eng.Globals = schema.Globals{AutoCondense: true, AutoCondensePercent: 75}
+	eng.Counter = func(*schema.Profile) (tokens.Counter, error) { return tokens.Counter{Text: tokens.Chars{}, Fudge: 1}, nil }
+	mem := stages.NewConversation(conv, p, eng)
+
+	id := func(i int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", i) }
+	var inputs []schema.Input
+	add := func(in schema.Input) { inputs = append(inputs, in) }
+	turn := func(i int, role schema.Role, c schema.Content) {
+		t := schema.Turn{ID: id(i), ConversationID: conv, TS: int64(1000 + 10*i), Role: role, Content: c}
+		add(schema.Input{Kind: schema.KindTurn, ID: t.ID, ConversationID: conv, TS: t.TS, Turn: &t})
+	}
+	turn(0, schema.RoleUser, schema.TextContent("Fix the parser"))
+	for k := 0; k < 12; k++ {
+		call := fmt.Sprintf("c%d", k)
+		turn(1+2*k, schema.RoleAssistant, schema.BlockContent(schema.Block{Type: schema.BlockToolUse, ID: call, Name: "bash",
+			Input: json.RawMessage(fmt.Sprintf(`{"command":"cat src/f%d.go"}`, k))}))
+		out := schema.TextContent(strings.Repeat("outputs\n", 500+100*k))
+		turn(2+2*k, schema.RoleUser, schema.BlockContent(schema.Block{Type: schema.BlockToolResult, ToolUseID: call, Content: &out}))
+		if k == 8 { // a condense that hides stand-ins: the originals must stay hidden
+			add(schema.Input{Kind: schema.KindCondense, ID: id(550), ConversationID: conv, TS: int64(1000 + 10*(2+2*k)), Trigger: schema.TriggerManual})
+		}
+		if k == 3 {
+			add(schema.Input{Kind: schema.KindPin, ID: id(500), ConversationID: conv, TS: 1075, MessageID: id(2), Pinned: true})
+		}
+	}
+	add(schema.Input{Kind: schema.KindRewind, ID: id(600), ConversationID: conv, TS: 1000 + 10*20, IncludeTarget: true})
+	add(schema.Input{Kind: schema.KindRewind, ID: id(601), ConversationID: conv, TS: 1000 + 10*9})
+
+	seen, hiddenStandIn := map[schema.EventType]bool{}, false
+	for n, in := range inputs {
+		st, _, err := s.State(ctx, conv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch, err := eng.Apply(ctx, st, storeHistory{s, conv}, &p, in)
+		if err != nil {
+			t.Fatalf("input %d: %v", n, err)
+		}
+		payload, _ := json.Marshal(map[string]any{"id": in.ID, "n": n})
+		rec := store.InputRecord{ID: in.ID, ConversationID: conv, Kind: string(in.Kind), Subject: schema.InputSubject(conv, in.Kind),
+			TS: in.TS, Payload: payload, Status: store.StatusApplied}
+		if _, err := s.Commit(ctx, []store.Entry{{Input: rec, Changes: ch}}); err != nil {
+			t.Fatalf("input %d (%s): commit: %v", n, in.Kind, err)
+		}
+		if _, err := mem.Apply(ctx, in); err != nil {
+			t.Fatalf("input %d in memory: %v", n, err)
+		}
+		for _, e := range ch.Events {
+			seen[e.Header().Type] = true
+		}
+		stored, err := s.Messages(ctx, conv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(stored)+len(mem.Messages) > 0 && !reflect.DeepEqual(stored, mem.Messages) {
+			t.Fatalf("input %d (%s): the store holds another history than Apply makes", n, in.Kind)
+		}
+		visible, _, err := s.Visible(ctx, conv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := stages.EffectiveHistory(visible), mem.Effective(); len(got)+len(want) > 0 && !reflect.DeepEqual(got, want) {
+			t.Fatalf("input %d (%s): effective history over the store's visible messages differs", n, in.Kind)
+		}
+		for _, m := range stored {
+			if m.IsMask() && m.CondenseParent != "" {
+				hiddenStandIn = true
+			}
+		}
+		state, _, _ := s.State(ctx, conv)
+		if !reflect.DeepEqual(state.Pins, mem.State.Pins) {
+			t.Fatalf("input %d: pins %v in the store, %v in memory", n, state.Pins, mem.State.Pins)
+		}
+	}
+	if !hiddenStandIn {
+		t.Error("no condense hid a stand-in: the store's visible query is not put to the test")
+	}
+	for _, want := range []schema.EventType{schema.EventToolResultsMasked, schema.EventCondenseContext, schema.EventRewind} {
+		if !seen[want] {
+			t.Errorf("no %s in the run: the test does not cover it", want)
+		}
+	}
+}
