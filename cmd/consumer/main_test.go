@@ -92,6 +92,13 @@ type client struct {
 	js jetstream.JetStream
 }
 
+// connectAs connects as one of nats.conf's demo users, with its own inbox
+// prefix (the only one it may subscribe to).
+func connectAs(t *testing.T, url, user string, opts ...nats.Option) *client {
+	t.Helper()
+	return connect(t, url, append([]nats.Option{nats.UserInfo(user, user+"-demo-password"), nats.CustomInboxPrefix("_INBOX_" + user)}, opts...)...)
+}
+
 func connect(t *testing.T, url string, opts ...nats.Option) *client {
 	t.Helper()
 	nc, err := nats.Connect(url, append([]nats.Option{nats.Name("consumer-test")}, opts...)...)
@@ -234,7 +241,10 @@ func TestRunCondensesServesQueriesAndSurvivesRestart(t *testing.T) {
 	if m.ns == nil {
 		t.Fatal("no embedded server")
 	}
-	c := connect(t, m.ns.ClientURL())
+	// An agent of tenant acme; the service's own user reads CTX_EVENTS,
+	// where acme's conversation is acme.<conv>.
+	c := connectAs(t, m.ns.ClientURL(), "acme-agent")
+	svc := connectAs(t, m.ns.ClientURL(), "ctxpipe")
 
 	// demo-16k: window 16000, threshold 60 % = 9600 tokens. 20 turns of
 	// about 600 tokens each cross it once, around the 16th turn.
@@ -292,7 +302,7 @@ func TestRunCondensesServesQueriesAndSurvivesRestart(t *testing.T) {
 	if err := m.relay.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	evs := readEvents(t, c.js, "ctx.events."+conv+".>")
+	evs := readEvents(t, svc.js, "ctx.events.acme."+conv+".>")
 	var cc []*schema.CondenseContext
 	for _, e := range evs {
 		if e.msgID != e.ev.Header().ID {
@@ -305,7 +315,7 @@ func TestRunCondensesServesQueriesAndSurvivesRestart(t *testing.T) {
 	if len(cc) != 1 {
 		t.Fatalf("%d condense_context events, want 1 (%d events)", len(cc), len(evs))
 	}
-	if e := cc[0]; e.ConversationID != conv || e.Trigger != schema.TriggerAuto || e.CondenseID != summaries[0].CondenseID ||
+	if e := cc[0]; e.ConversationID != "acme."+conv || e.Trigger != schema.TriggerAuto || e.CondenseID != summaries[0].CondenseID ||
 		e.PrevContextTokens < 9600 || e.NewContextTokens >= e.PrevContextTokens || e.Summary == "" {
 		t.Fatalf("condense_context %+v", e)
 	}
@@ -327,7 +337,7 @@ func TestRunCondensesServesQueriesAndSurvivesRestart(t *testing.T) {
 	// A clean restart on the same data dir keeps the history, the state
 	// and the consumer's position.
 	m2 := mustRunMain(t, dir)
-	c2 := connect(t, m2.ns.ClientURL())
+	c2 := connectAs(t, m2.ns.ClientURL(), "acme-agent")
 	if got := c2.mustHistory(conv, schema.ViewFull, ""); !reflect.DeepEqual(got, full) {
 		t.Fatalf("full history after the restart differs: %d messages, had %d", len(got), len(full))
 	}

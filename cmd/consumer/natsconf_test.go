@@ -61,7 +61,14 @@ func TestServiceUnderNatsConf(t *testing.T) {
 	if full := agent.mustHistory(conv, schema.ViewFull, last.ID); len(full) <= 20 {
 		t.Fatalf("no condense under nats.conf: %d messages", len(full))
 	}
-	// The UI asks for a condense and reads the events.
+	// The UI asks for a condense and sees the decision twice: live on its
+	// account's ctx.events.<conv>.> (imported from CTX's
+	// ctx.events.acme.<conv>.>), and replayed through ctx.q.events (tenant
+	// accounts have no JetStream of their own).
+	live, err := ui.nc.SubscribeSync("ctx.events." + conv + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
 	in := schema.Input{ID: uuid.NewString(), ConversationID: conv, TS: ts + 100, Trigger: schema.TriggerManual}
 	data, _ := schema.ControlPayload(in)
 	if _, err := bus.PublishInput(context.Background(), ui.js, schema.InputSubject(conv, schema.KindCondense), in.ID, data); err != nil {
@@ -70,16 +77,35 @@ func TestServiceUnderNatsConf(t *testing.T) {
 	if _, err := ui.history(conv, schema.ViewEffective, in.ID, 10*time.Second); err != nil {
 		t.Fatalf("ui history: %v", err)
 	}
-	evs := readEvents(t, ui.js, "ctx.events."+conv+".>")
 	// Whatever the outcome (a condense, or condense_failed when the context
 	// would not shrink), the ui sees the decision its input caused.
-	decided := false
-	for _, e := range evs {
-		h := e.ev.Header()
-		decided = decided || (h.InputID == in.ID && (h.Type == schema.EventCondenseContext || h.Type == schema.EventCondenseFailed))
+	decision := func(ev schema.Event) bool {
+		h := ev.Header()
+		return h.InputID == in.ID && (h.Type == schema.EventCondenseContext || h.Type == schema.EventCondenseFailed)
 	}
-	if !decided {
-		t.Fatalf("the ui saw no decision on its condense among %d events", len(evs))
+	for seen := 0; ; seen++ {
+		m, err := live.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("the ui saw no live decision on its condense among %d events: %v", seen, err)
+		}
+		if ev, err := schema.DecodeEvent(m.Data); err == nil && decision(ev) {
+			break
+		}
+	}
+	var rep schema.EventsReply
+	if err := ui.query(schema.SubjectEvents, schema.EventsRequest{ConversationID: conv}, &rep, 5*time.Second); err != nil {
+		t.Fatalf("ui replays events: %v", err)
+	}
+	replayed := false
+	for _, raw := range rep.Events {
+		ev, err := schema.DecodeEvent(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		replayed = replayed || decision(ev)
+	}
+	if !replayed {
+		t.Fatalf("ctx.q.events replayed %d events without the decision", len(rep.Events))
 	}
 	// A restart resets the durable consumer at its ack floor: the service
 	// user must be allowed to, and the next turn must still land.
