@@ -204,7 +204,7 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 	page := historyPage{msgs: out}
 	switch {
 	case req.After > 0 && req.After >= h.ResetSeq && req.After <= h.Seq:
-		page.msgs = appendedSince(out, msgs, h.Seqs, req.After)
+		page.msgs = appendedSince(out, h.Bodies)
 	case req.After > 0:
 		page.reset = true
 	default:
@@ -235,25 +235,15 @@ type historyPage struct {
 	reset bool   // an incremental read got the whole view
 }
 
-// appendedSince is the end of view made of messages stored after change
-// after. Only appends happened since, so they are the view's last messages.
-func appendedSince(view, msgs []schema.Message, seqs []int64, after int64) []schema.Message {
-	n := 0
-	for i := len(msgs) - 1; i >= 0 && seqs[i] > after; i-- {
-		n++
-	}
-	if n == 0 {
-		return []schema.Message{}
-	}
-	last := make(map[string]bool, n)
-	for _, m := range msgs[len(msgs)-n:] {
-		last[m.ID] = true
-	}
+// appendedSince is the end of view made of the messages stored since the
+// request's seq, which are those with bodies read. Only appends happened
+// since, so they are the view's last messages.
+func appendedSince(view []schema.Message, added map[string][]byte) []schema.Message {
 	i := len(view)
-	for i > 0 && last[view[i-1].ID] {
+	for i > 0 && added[view[i-1].ID] != nil {
 		i--
 	}
-	return view[i:]
+	return view[i:len(view):len(view)]
 }
 
 // pageOf cuts the page a request asks for out of a view. A cursor is

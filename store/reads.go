@@ -98,9 +98,9 @@ func (s *Store) Messages(ctx context.Context, conv string) ([]schema.Message, er
 func (s *Store) Visible(ctx context.Context, conv string) (msgs []schema.Message, bodies [][]byte, err error) {
 	return queryMessagesRaw(ctx, s.r, s.cache, conv, `SELECT m.id, m.is_summary, m.condense_id, m.condense_parent, m.is_truncation_marker,
 		m.truncation_id, m.truncation_parent, m.tokens, m.body FROM messages m WHERE m.conversation_id = ?1
-		AND NOT (m.condense_parent != '' AND EXISTS (SELECT 1 FROM messages s WHERE s.conversation_id = ?1
+		AND NOT (m.condense_parent != '' AND EXISTS (SELECT 1 FROM messages s INDEXED BY messages_summaries WHERE s.conversation_id = ?1
 			AND s.is_summary = 1 AND s.condense_id = m.condense_parent))
-		AND NOT (m.truncation_parent != '' AND EXISTS (SELECT 1 FROM messages k WHERE k.conversation_id = ?1
+		AND NOT (m.truncation_parent != '' AND EXISTS (SELECT 1 FROM messages k INDEXED BY messages_markers WHERE k.conversation_id = ?1
 			AND k.is_truncation_marker = 1 AND k.truncation_id = m.truncation_parent))
 		ORDER BY m.pos`)
 }
@@ -111,26 +111,27 @@ type History struct {
 	// Messages are the stored messages in position order: every one, or
 	// those no summary or marker hides (see Visible).
 	Messages []schema.Message
-	// Seqs[i] is the change sequence of the commit that stored Messages[i].
-	Seqs []int64
-	// Bodies holds the stored body (see Visible) of each message with a
-	// sequence above the read's bodiesAfter, by message id.
+	// Bodies holds the stored body (see Visible) of every message stored
+	// after the read's bodiesAfter change, by message id (of every message,
+	// when bodiesAfter is negative).
 	Bodies map[string][]byte
 	// Seq is the conversation's change sequence: every commit that changes
 	// its messages or tags takes one step. ResetSeq is the last step that
 	// did more than append turns (a condense, truncation, mask, pin or
 	// rewind): a reader that read the history at Seq A >= ResetSeq has every
-	// message but those with a sequence above A, and those are appended.
+	// message but those stored after A, and those were appended.
 	Seq, ResetSeq int64
 }
 
 // ReadHistory reads a conversation's history (visibleOnly: what Visible
 // returns) and its change sequence in one snapshot, with the bodies of the
 // messages stored after change bodiesAfter (all of them for a negative
-// one). Bodies of earlier messages are neither copied nor, when the cache
-// holds them, decoded: an incremental read costs what it returns.
+// one). Earlier messages' bodies are neither copied nor, when the cache
+// holds them, decoded: an incremental read costs what it returns. The new
+// messages are found by their own index: the seq column sits after the
+// body, and reading it on every row would walk every body's overflow pages.
 func (s *Store) ReadHistory(ctx context.Context, conv string, visibleOnly bool, bodiesAfter int64) (History, error) {
-	var h History
+	h := History{Bodies: map[string][]byte{}}
 	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return h, fmt.Errorf("history of %s: %w", conv, err)
@@ -140,48 +141,56 @@ func (s *Store) ReadHistory(ctx context.Context, conv string, visibleOnly bool, 
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return h, fmt.Errorf("history of %s: %w", conv, err)
 	}
+	all := bodiesAfter < 0
+	if !all {
+		if err := newBodies(ctx, tx, conv, bodiesAfter, h.Bodies); err != nil {
+			return h, err
+		}
+	}
+	body := "NULL"
+	if all {
+		body = "m.body"
+	}
 	q := `SELECT m.id, m.is_summary, m.condense_id, m.condense_parent, m.is_truncation_marker,
-		m.truncation_id, m.truncation_parent, m.tokens, m.seq, CASE WHEN m.seq > ?2 THEN m.body END
-		FROM messages m WHERE m.conversation_id = ?1`
+		m.truncation_id, m.truncation_parent, m.tokens, ` + body + ` FROM messages m WHERE m.conversation_id = ?1`
 	if visibleOnly {
 		q += visibleFilter
 	}
-	rows, err := tx.QueryContext(ctx, q+" ORDER BY m.pos", conv, bodiesAfter)
+	rows, err := tx.QueryContext(ctx, q+" ORDER BY m.pos", conv)
 	if err != nil {
 		return h, fmt.Errorf("history of %s: %w", conv, err)
 	}
 	defer rows.Close()
-	h.Bodies = map[string][]byte{}
 	var missed []int
 	for rows.Next() {
 		var (
-			id   string
-			t    schema.Message
-			seq  int64
-			body []byte
+			id string
+			t  schema.Message
+			b  []byte
 		)
 		if err := rows.Scan(&id, &t.IsSummary, &t.CondenseID, &t.CondenseParent, &t.IsTruncationMarker,
-			&t.TruncationID, &t.TruncationParent, &t.Tokens, &seq, &body); err != nil {
+			&t.TruncationID, &t.TruncationParent, &t.Tokens, &b); err != nil {
 			return h, fmt.Errorf("history of %s: %w", conv, err)
+		}
+		if all {
+			h.Bodies[id] = b
+		} else {
+			b = h.Bodies[id]
 		}
 		m, ok := s.cache.get(id)
 		switch {
 		case ok:
-		case body != nil:
-			if err := json.Unmarshal(body, &m); err != nil {
+		case b != nil:
+			if err := json.Unmarshal(b, &m); err != nil {
 				return h, fmt.Errorf("history of %s: decode %s: %w", conv, id, err)
 			}
-			s.cache.put(id, m, len(body))
+			s.cache.put(id, m, len(b))
 		default:
 			m.ID = id
 			missed = append(missed, len(h.Messages))
 		}
-		if body != nil {
-			h.Bodies[id] = body
-		}
 		setTags(&m, &t)
 		h.Messages = append(h.Messages, m)
-		h.Seqs = append(h.Seqs, seq)
 	}
 	if err := rows.Err(); err != nil {
 		return h, fmt.Errorf("history of %s: %w", conv, err)
@@ -197,19 +206,43 @@ func (s *Store) ReadHistory(ctx context.Context, conv string, visibleOnly bool, 
 	return h, nil
 }
 
+// newBodies puts the bodies of conv's messages stored after change after
+// into bodies, by id.
+func newBodies(ctx context.Context, q querier, conv string, after int64, bodies map[string][]byte) error {
+	rows, err := q.QueryContext(ctx, "SELECT id, body FROM messages WHERE conversation_id = ? AND seq > ?", conv, after)
+	if err != nil {
+		return fmt.Errorf("history of %s: %w", conv, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			id string
+			b  []byte
+		)
+		if err := rows.Scan(&id, &b); err != nil {
+			return fmt.Errorf("history of %s: %w", conv, err)
+		}
+		bodies[id] = b
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("history of %s: %w", conv, err)
+	}
+	return nil
+}
+
 // visibleFilter keeps the messages no stored summary or marker hides.
 const visibleFilter = `
-		AND NOT (m.condense_parent != '' AND EXISTS (SELECT 1 FROM messages s WHERE s.conversation_id = ?1
+		AND NOT (m.condense_parent != '' AND EXISTS (SELECT 1 FROM messages s INDEXED BY messages_summaries WHERE s.conversation_id = ?1
 			AND s.is_summary = 1 AND s.condense_id = m.condense_parent))
-		AND NOT (m.truncation_parent != '' AND EXISTS (SELECT 1 FROM messages k WHERE k.conversation_id = ?1
+		AND NOT (m.truncation_parent != '' AND EXISTS (SELECT 1 FROM messages k INDEXED BY messages_markers WHERE k.conversation_id = ?1
 			AND k.is_truncation_marker = 1 AND k.truncation_id = m.truncation_parent))`
 
 // HiddenCount is how many stored messages a summary or marker hides.
 func (s *Store) HiddenCount(ctx context.Context, conv string) (stored, hidden int, err error) {
 	err = s.r.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(
-		(m.condense_parent != '' AND EXISTS (SELECT 1 FROM messages s WHERE s.conversation_id = ?1
+		(m.condense_parent != '' AND EXISTS (SELECT 1 FROM messages s INDEXED BY messages_summaries WHERE s.conversation_id = ?1
 			AND s.is_summary = 1 AND s.condense_id = m.condense_parent))
-		OR (m.truncation_parent != '' AND EXISTS (SELECT 1 FROM messages k WHERE k.conversation_id = ?1
+		OR (m.truncation_parent != '' AND EXISTS (SELECT 1 FROM messages k INDEXED BY messages_markers WHERE k.conversation_id = ?1
 			AND k.is_truncation_marker = 1 AND k.truncation_id = m.truncation_parent))), 0)
 		FROM messages m WHERE m.conversation_id = ?1`, conv).Scan(&stored, &hidden)
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -26,6 +28,8 @@ func runLoad(ctx context.Context, c *cli, args []string) error {
 	wait := fs.Bool("wait", false, "measure end to end: until each conversation's last turn is readable via ctx.q.history")
 	waitTimeout := fs.Duration("wait-timeout", 10*time.Minute, "how long --wait waits in total")
 	sample := fs.Int("sample", 0, "with --wait, also time publish → readable for every Nth turn (0: only each conversation's last)")
+	agent := fs.Bool("agent", false, "the agent workload: each conversation publishes a turn, reads its effective history holding it, then publishes the next; times publish → readable for every turn")
+	fullReads := fs.Bool("full-reads", false, "with --agent, read the whole effective history every time instead of only what was appended since the last read")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -51,6 +55,9 @@ func runLoad(ctx context.Context, c *cli, args []string) error {
 	}
 	defer nc.Close()
 	fmt.Fprintf(c.stderr, "load: %d conversations × %d turns, size %s, seed %d\n", *convs, *turns, size, *seed)
+	if *agent {
+		return runAgents(ctx, c, nc, js, w, *rate, !*fullReads, *waitTimeout)
+	}
 
 	var waiter *e2eWaiter
 	p := &publisher{js: js, rate: *rate, progress: newProgress(c.stderr, "published", *convs**turns),
@@ -228,4 +235,126 @@ func (e *e2eWaiter) wait() e2eResult {
 		e.res.end = time.Now()
 	}
 	return e.res
+}
+
+// agentResult is what one agent of the agent workload measured.
+type agentResult struct {
+	latencies  []time.Duration // publish → readable, every turn
+	replyBytes int64
+	reads      int
+	resets     int
+	err        error
+}
+
+// runAgents runs the agent workload: every conversation is an agent that
+// publishes a turn, waits for its ack, reads its effective history holding
+// that turn (wait_for) and only then publishes its next turn, as agents do
+// before calling their model. With incremental reads each read asks for
+// what was appended after the previous reply's seq, and the agent keeps the
+// history it holds up to date from it. rate paces all agents together (0:
+// as fast as each read comes back).
+func runAgents(ctx context.Context, c *cli, nc *nats.Conn, js jetstream.JetStream, w *workload, rate float64, incremental bool, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	results := make([]agentResult, len(w.gens))
+	var interval time.Duration
+	if rate > 0 {
+		interval = time.Duration(float64(len(w.gens)) / rate * float64(time.Second))
+	}
+	begin := time.Now()
+	var wg sync.WaitGroup
+	for i, g := range w.gens {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res := &results[i]
+			var (
+				seq  int64
+				held int
+			)
+			next := time.Now().Add(time.Duration(rand.Int64N(int64(max(interval, time.Millisecond)))))
+			for n := range w.turns {
+				if interval > 0 {
+					time.Sleep(time.Until(next))
+					next = next.Add(interval)
+				}
+				t := g.next(n == w.turns-1)
+				if w.profile != "" {
+					t.ProfileID = w.profile
+				}
+				data, err := schema.Marshal(t)
+				if err != nil {
+					res.err = err
+					return
+				}
+				sent := time.Now()
+				if _, err := bus.PublishInput(ctx, js, schema.InputSubject(t.ConversationID, schema.KindTurn), t.ID, data); err != nil {
+					res.err = fmt.Errorf("%s: publish: %w", t.ConversationID, err)
+					return
+				}
+				req := schema.HistoryRequest{ConversationID: t.ConversationID, View: schema.ViewEffective, WaitFor: t.ID,
+					TimeoutMS: schema.MaxQueryTimeout.Milliseconds()}
+				if incremental {
+					req.After = seq
+				}
+				body, _ := json.Marshal(req)
+				msg, err := nc.RequestWithContext(ctx, schema.SubjectHistory, body)
+				if err != nil {
+					res.err = fmt.Errorf("%s: history: %w", t.ConversationID, err)
+					return
+				}
+				var reply schema.HistoryReply
+				if err := schema.DecodeQueryReply(msg.Data, &reply); err != nil {
+					res.err = fmt.Errorf("%s: history: %w", t.ConversationID, err)
+					return
+				}
+				res.latencies = append(res.latencies, time.Since(sent))
+				res.replyBytes += int64(len(msg.Data))
+				res.reads++
+				switch {
+				case !incremental || reply.Reset || seq == 0:
+					held = len(reply.Messages)
+					if reply.Reset {
+						res.resets++
+					}
+				default:
+					held += len(reply.Messages)
+				}
+				if len(reply.Messages) == 0 || held == 0 {
+					res.err = fmt.Errorf("%s: the history read after turn %s holds nothing new", t.ConversationID, t.ID)
+					return
+				}
+				seq = reply.Seq
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(begin)
+	var (
+		all          []time.Duration
+		bytes        int64
+		reads, reset int
+		errs         []error
+	)
+	for _, r := range results {
+		all = append(all, r.latencies...)
+		bytes += r.replyBytes
+		reads += r.reads
+		reset += r.resets
+		if r.err != nil {
+			errs = append(errs, r.err)
+		}
+	}
+	mode := "incremental"
+	if !incremental {
+		mode = "full"
+	}
+	fmt.Fprintf(c.stderr, "agents: %d turns in %s, %s turns/s; publish → readable p50 %s p99 %s; %s reads, %s bytes per read (%d resets)\n",
+		len(all), elapsed.Round(time.Millisecond), thousands(int(float64(len(all))/max(elapsed.Seconds(), 1e-9))),
+		percentile(all, 50).Round(10*time.Microsecond), percentile(all, 99).Round(10*time.Microsecond),
+		mode, thousands(int(bytes/int64(max(reads, 1)))), reset)
+	if len(errs) > 0 {
+		return fmt.Errorf("%d agents failed: %w", len(errs), errors.Join(errs[:min(len(errs), 5)]...))
+	}
+	return nil
 }

@@ -9,6 +9,16 @@
 
 ALTER TABLE messages ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
 
+-- The messages stored after a seq, found without reading the rows: seq sits
+-- after the body, past its overflow pages.
+CREATE INDEX messages_by_seq ON messages (conversation_id, seq);
+
+-- A history read walks the tags of every message in position order, and
+-- the cache holds the decoded bodies: this index answers that walk without
+-- touching the rows, which hold the bodies (about a page each).
+CREATE INDEX messages_tags ON messages (conversation_id, pos, id, is_summary, condense_id, condense_parent,
+    is_truncation_marker, truncation_id, truncation_parent, tokens);
+
 CREATE TABLE history_seq (
     conversation_id TEXT    PRIMARY KEY,
     seq             INTEGER NOT NULL,
