@@ -222,7 +222,7 @@ func (c *Client) waitBudget(ctx context.Context) time.Duration {
 	d := c.timeout
 	if dl, ok := ctx.Deadline(); ok {
 		left := time.Until(dl)
-		d = left - min(left/10, time.Second)
+		d = left - min(left/5, time.Second)
 	}
 	return max(min(d, schema.MaxQueryTimeout), time.Millisecond)
 }
@@ -230,11 +230,17 @@ func (c *Client) waitBudget(ctx context.Context) time.Duration {
 // Wait returns once input inputID of conv has been applied (its effects are
 // readable), or a *RejectedError with the reason when the service rejected
 // it. It waits while ctx allows (the client's timeout when ctx has no
-// deadline); past that it fails with ErrTimeout.
+// deadline); past that it fails with ErrTimeout (and, when ctx's deadline
+// ran out before the service answered, context.DeadlineExceeded too).
 func (c *Client) Wait(ctx context.Context, conv, inputID string) error {
 	for {
 		// One message is enough to learn the input was applied.
 		_, err := c.history(ctx, schema.HistoryRequest{ConversationID: conv, WaitFor: inputID, Limit: 1})
+		if errors.Is(err, context.DeadlineExceeded) {
+			// The deadline ran out before the service's timeout reply came
+			// back: the same outcome.
+			return fmt.Errorf("ctxpipe wait for %s: %w: %w", inputID, ErrTimeout, err)
+		}
 		if err == nil || !errors.Is(err, ErrTimeout) {
 			return err
 		}
