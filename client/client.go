@@ -9,7 +9,8 @@
 // errors.Is (ErrNotFound, ErrTimeout, ErrRejected, ...).
 //
 // Tenancy needs nothing here: inside a tenant's account a client uses the
-// same subjects and the server maps them onto the tenant's.
+// same subjects and the server maps them onto the tenant's. From the
+// service's own account, WithTenant reaches one tenant's conversations.
 //
 // Layering: client sits above schema and bus; cmd/publisher and the
 // dashboard use it, and nothing below cmd/ imports it.
@@ -24,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/schema"
 )
 
 // DefaultTimeout bounds a call whose context has no deadline: one request,
@@ -37,6 +39,7 @@ type Client struct {
 	js      jetstream.JetStream
 	own     bool // Close closes nc: Connect made it
 	timeout time.Duration
+	tenant  string // "": the subjects as they are in the connection's account
 }
 
 // Option configures a Client.
@@ -49,6 +52,16 @@ func WithTimeout(d time.Duration) Option {
 			c.timeout = d
 		}
 	}
+}
+
+// WithTenant addresses tenant's conversations from the service's own
+// account, where the server maps each tenant's subjects (ctx.in.<tenant>.
+// <conv>.<kind>, ctx.q.<tenant>.<verb>, ctx.events.<tenant>.<conv>.<type>):
+// for an operator's tool or the dashboard. A client inside a tenant's
+// account needs no option: it uses the plain subjects. An invalid tenant
+// makes New fail.
+func WithTenant(tenant string) Option {
+	return func(c *Client) { c.tenant = tenant }
 }
 
 // New returns a client over nc, which stays the caller's: Close leaves it
@@ -65,8 +78,15 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	for _, o := range opts {
 		o(c)
 	}
+	if c.tenant != "" && !schema.ValidTenant(c.tenant) {
+		return nil, fmt.Errorf("ctxpipe client: tenant %q must be 1-128 characters of [A-Za-z0-9_-], not starting with _", c.tenant)
+	}
 	return c, nil
 }
+
+// scoped is the subject token(s) of conv: "<tenant>.<conv>" with
+// WithTenant, else conv.
+func (c *Client) scoped(conv string) string { return schema.ConversationKey(c.tenant, conv) }
 
 // Connect connects with cfg (bus.Connect: credentials, per-user inbox
 // prefix, reconnect for ever) and returns a client that owns the

@@ -644,3 +644,50 @@ func TestTracker(t *testing.T) {
 		check("after the rejection", rep, err, false)
 	}
 }
+
+// From the service's account, WithTenant reaches one tenant's
+// conversations: two tenants' conversations with one id never meet, and
+// the plain subjects reach neither.
+func TestWithTenant(t *testing.T) {
+	svc := clienttest.New(t)
+	nc := natstest.Connect(t, svc.URL)
+	ctx := t.Context()
+	tenants := map[string]*client.Client{}
+	for _, name := range []string{"acme", "globex"} {
+		c, err := client.New(nc, client.WithTenant(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tenants[name] = c
+	}
+	events, err := tenants["acme"].Events(ctx, "c1", client.Replay(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer events.Close()
+	acme := appendTurns(ctx, tenants["acme"], "c1", 10) // a condense
+	appendTurns(ctx, tenants["globex"], "c1", 2)
+	for name, want := range map[string]int{"acme": 5, "globex": 2} { // acme's: first, summary, last 3
+		h, err := tenants[name].History(ctx, "c1")
+		if err != nil || len(h.Messages) != want || h.ConversationID != "c1" {
+			t.Fatalf("%s: %v %+v", name, err, h)
+		}
+		if st, err := tenants[name].Status(ctx, "c1"); err != nil || st.ProfileID != schema.DefaultProfileID {
+			t.Fatalf("%s status: %v %+v", name, err, st)
+		}
+	}
+	got := collect(t, events, acme, schema.EventCondenseContext)
+	if len(got) != 2 || got[1].Header().ConversationID != "acme.c1" {
+		t.Fatalf("acme's events: %d, the last of %q", len(got), got[len(got)-1].Header().ConversationID)
+	}
+	plain, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plain.Status(ctx, "c1"); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("c1 without a tenant: %v", err)
+	}
+	if _, err := client.New(nc, client.WithTenant("a.b")); err == nil {
+		t.Fatal("tenant a.b accepted")
+	}
+}

@@ -113,9 +113,9 @@ func (c *Client) Events(ctx context.Context, conv string, opts ...EventsOption) 
 			_ = s.Unsubscribe() // fails only on a closed connection, where it is gone anyway
 		}
 	}
-	subjects := []string{schema.EventSubjectPrefix + conv + ".>"}
+	subjects := []string{schema.EventSubjectPrefix + c.scoped(conv) + ".>"}
 	if cfg.progress {
-		subjects = append(subjects, ProgressPrefix+conv+".>")
+		subjects = append(subjects, ProgressPrefix+c.scoped(conv)+".>")
 	}
 	for i, subj := range subjects {
 		progress := i == 1

@@ -511,3 +511,30 @@ func ExampleClient_Track() {
 	// turn 9: the view changed, 5 messages
 	// 7 messages now
 }
+
+func ExampleWithTenant() {
+	url, stop := startService()
+	defer stop()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer nc.Close()
+	// In the service's account, an operator's tool reaches tenant acme's
+	// conversation c1 (agents inside acme's account just say c1).
+	acme, err := client.New(nc, client.WithTenant("acme"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := acme.History(ctx, "c1", client.WaitFor(appendTurns(ctx, acme, "c1", 2))); err != nil {
+		log.Fatal(err)
+	}
+	plain, err := client.New(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = plain.Status(ctx, "c1")
+	fmt.Println(errors.Is(err, client.ErrNotFound))
+	// Output: true
+}

@@ -85,7 +85,7 @@ func (c *Client) publish(ctx context.Context, conv string, kind schema.InputKind
 	}
 	ctx, cancel := c.bound(ctx, 0)
 	defer cancel()
-	if _, err := bus.PublishInput(ctx, c.js, schema.InputSubject(conv, kind), id, data); err != nil {
+	if _, err := bus.PublishInput(ctx, c.js, schema.InputSubject(c.scoped(conv), kind), id, data); err != nil {
 		return fmt.Errorf("ctxpipe %s: %w", kind, err)
 	}
 	return nil

@@ -23,7 +23,7 @@ func (c *Client) request(ctx context.Context, verb schema.QueryVerb, conv string
 	}
 	ctx, cancel := c.bound(ctx, wait)
 	defer cancel()
-	msg, err := c.nc.RequestWithContext(ctx, schema.QuerySubject("", verb), body)
+	msg, err := c.nc.RequestWithContext(ctx, schema.QuerySubject(c.tenant, verb), body)
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
 			return fmt.Errorf("ctxpipe %s %s: %w (%w)", verb, conv, ErrNoService, err)
