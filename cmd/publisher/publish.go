@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/client"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -66,9 +67,15 @@ func runPublish(ctx context.Context, c *cli, args []string) error {
 	}
 	if *wait {
 		last := turns[len(turns)-1]
-		reply, err := historyWait(ctx, nc, *conv, last.ID, *waitTimeout)
+		cl, err := client.New(nc)
 		if err != nil {
 			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, *waitTimeout)
+		defer cancel()
+		reply, err := cl.History(wctx, *conv, client.WaitFor(last.ID))
+		if err != nil {
+			return queryFailed(err)
 		}
 		fmt.Fprintf(c.stdout, "%s: %d effective messages after turn %s\n", *conv, len(reply.Messages), last.ID)
 	}
@@ -287,17 +294,6 @@ func (p *publisher) await(ctx context.Context, f inflight) (*jetstream.PubAck, e
 		}
 	}
 	return nil, err
-}
-
-// historyWait asks ctx.q.history for conv once input id has been applied.
-func historyWait(ctx context.Context, nc *nats.Conn, conv, id string, timeout time.Duration) (*schema.HistoryReply, error) {
-	req := schema.HistoryRequest{ConversationID: conv, View: schema.ViewEffective, WaitFor: id,
-		TimeoutMS: min(timeout, schema.MaxQueryTimeout).Milliseconds()}
-	var reply schema.HistoryReply
-	if err := query(ctx, nc, schema.SubjectHistory, req, timeout+5*time.Second, &reply); err != nil {
-		return nil, err
-	}
-	return &reply, nil
 }
 
 // historyReady waits until input id of conv is readable, without decoding
