@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -87,6 +89,17 @@ func TestIncrementalHistory(t *testing.T) {
 	follow(h.control(conv, schema.KindRewind, schema.Input{TS: more[0].TS}), 0, true)
 	more = h.turns(conv, 1, 50)
 	follow(more[0].ID, 1, false)
+
+	// A tool call and its result, each read as it lands: the result's call
+	// is in the tail the incremental read looks back on.
+	call := schema.Turn{ID: uuid.NewString(), ConversationID: conv, TS: h.nextTS(), Role: schema.RoleAssistant,
+		Content: schema.BlockContent(schema.Block{Type: schema.BlockToolUse, ID: "call-1", Name: "read_file", Input: json.RawMessage(`{"path":"a.go"}`)})}
+	h.publish(schema.InputSubject(conv, schema.KindTurn), call.ID, call)
+	follow(call.ID, 1, false)
+	result := schema.Turn{ID: uuid.NewString(), ConversationID: conv, TS: h.nextTS(), Role: schema.RoleUser,
+		Content: schema.BlockContent(schema.Block{Type: schema.BlockToolResult, ToolUseID: "call-1", Content: &schema.Content{Text: "package a"}})}
+	h.publish(schema.InputSubject(conv, schema.KindTurn), result.ID, result)
+	follow(result.ID, 1, false)
 
 	// A seq from the future (another store, say) is answered in full.
 	rep, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, After: seq + 100})

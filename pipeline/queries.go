@@ -180,37 +180,39 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 	defer readSlot(ctx)()
 	// The effective view reads only what no summary or marker hides:
 	// bounded by the context, not by the length of the whole history. An
-	// incremental read copies only the bodies it may send.
-	bodiesAfter := int64(-1)
-	if req.After > 0 {
-		bodiesAfter = req.After
-	}
-	h, err := r.Store.ReadHistory(ctx, key, req.View == schema.ViewEffective, bodiesAfter)
+	// incremental read reads only what was appended.
+	h, err := r.Store.ReadHistory(ctx, key, req.View == schema.ViewEffective, req.After)
 	if err != nil {
 		return queryError(err)
 	}
+	var page historyPage
+	if h.Incremental {
+		var ok bool
+		if page.msgs, ok = appendedView(h, req.View); !ok {
+			// A tool result of the appended messages answers a call further
+			// back than the tail read: read it all.
+			if h, err = r.Store.ReadHistory(ctx, key, req.View == schema.ViewEffective, 0); err != nil {
+				return queryError(err)
+			}
+		}
+	}
 	msgs := h.Messages
-	if len(msgs) == 0 {
+	if len(msgs) == 0 && h.Seq == 0 {
 		if _, found, err := r.Store.State(ctx, key); err != nil {
 			return queryError(err)
 		} else if !found {
 			return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", req.ConversationID))
 		}
 	}
-	out := msgs
-	if req.View == schema.ViewEffective {
-		out = stages.EffectiveHistory(msgs)
-	}
-	page := historyPage{msgs: out}
-	switch {
-	case req.After > 0 && req.After >= h.ResetSeq && req.After <= h.Seq:
-		page.msgs = appendedSince(out, h.Bodies)
-	case req.After > 0:
-		page.reset = true
-	default:
+	if !h.Incremental {
+		out := msgs
+		if req.View == schema.ViewEffective {
+			out = stages.EffectiveHistory(msgs)
+		}
 		if page, err = pageOf(out, req); err != nil {
 			return queryError(err)
 		}
+		page.reset = req.After > 0
 	}
 	page.seq = h.Seq
 	b, err := encodeHistory(req.ConversationID, req.View, page, stored(msgs, h.Bodies))
@@ -235,15 +237,33 @@ type historyPage struct {
 	reset bool   // an incremental read got the whole view
 }
 
-// appendedSince is the end of view made of the messages stored since the
-// request's seq, which are those with bodies read. Only appends happened
-// since, so they are the view's last messages.
-func appendedSince(view []schema.Message, added map[string][]byte) []schema.Message {
-	i := len(view)
-	for i > 0 && added[view[i-1].ID] != nil {
+// appendedView is the part of the view made of the messages an
+// incremental read found appended (those with bodies), which are its last
+// messages. In the effective view a tool result stays only if its call is in
+// an earlier effective message; ok is false when one of them answers a call
+// the read's tail does not hold, which only the whole history can settle.
+func appendedView(h store.History, view schema.View) (msgs []schema.Message, ok bool) {
+	out := h.Messages
+	if view == schema.ViewEffective {
+		calls := map[string]bool{}
+		for i := range h.Messages {
+			m := &h.Messages[i]
+			for _, b := range m.Content.Blocks {
+				switch {
+				case b.Type == schema.BlockToolUse && m.Role == schema.RoleAssistant:
+					calls[b.ID] = true
+				case b.Type == schema.BlockToolResult && h.Bodies[m.ID] != nil && !calls[b.ToolUseID]:
+					return nil, false
+				}
+			}
+		}
+		out = stages.EffectiveHistory(h.Messages)
+	}
+	i := len(out)
+	for i > 0 && h.Bodies[out[i-1].ID] != nil {
 		i--
 	}
-	return view[i:len(view):len(view)]
+	return out[i:len(out):len(out)], true
 }
 
 // pageOf cuts the page a request asks for out of a view. A cursor is

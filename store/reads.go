@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -109,12 +110,19 @@ func (s *Store) Visible(ctx context.Context, conv string) (msgs []schema.Message
 // history reply.
 type History struct {
 	// Messages are the stored messages in position order: every one, or
-	// those no summary or marker hides (see Visible).
+	// those no summary or marker hides (see Visible). After an incremental
+	// read (Incremental) they are only the messages appended since the
+	// reader's seq, preceded, when one of them carries a tool result, by
+	// up to TailMessages of the visible messages before them, so that the
+	// caller can tell which tool calls those results answer.
 	Messages []schema.Message
-	// Bodies holds the stored body (see Visible) of every message stored
-	// after the read's bodiesAfter change, by message id (of every message,
-	// when bodiesAfter is negative).
+	// Bodies holds the stored body (see Visible) of every message the
+	// reply may carry, by message id: all of them after a full read, the
+	// appended ones after an incremental read.
 	Bodies map[string][]byte
+	// Incremental is set when the read was incremental: nothing but
+	// appends happened since the reader's seq.
+	Incremental bool
 	// Seq is the conversation's change sequence: every commit that changes
 	// its messages or tags takes one step. ResetSeq is the last step that
 	// did more than append turns (a condense, truncation, mask, pin or
@@ -123,14 +131,18 @@ type History struct {
 	Seq, ResetSeq int64
 }
 
+// TailMessages bounds the visible messages an incremental read returns
+// before the appended ones.
+const TailMessages = 16
+
 // ReadHistory reads a conversation's history (visibleOnly: what Visible
-// returns) and its change sequence in one snapshot, with the bodies of the
-// messages stored after change bodiesAfter (all of them for a negative
-// one). Earlier messages' bodies are neither copied nor, when the cache
-// holds them, decoded: an incremental read costs what it returns. The new
-// messages are found by their own index: the seq column sits after the
-// body, and reading it on every row would walk every body's overflow pages.
-func (s *Store) ReadHistory(ctx context.Context, conv string, visibleOnly bool, bodiesAfter int64) (History, error) {
+// returns) and its change sequence in one snapshot. With after > 0 and
+// nothing but appends since change after, it reads incrementally: only the
+// messages stored since (and a short tail before them, see History), in
+// time and bytes proportional to them, not to the history. Otherwise it
+// reads the whole history with every body. Bodies the cache holds are not
+// decoded again.
+func (s *Store) ReadHistory(ctx context.Context, conv string, visibleOnly bool, after int64) (History, error) {
 	h := History{Bodies: map[string][]byte{}}
 	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
@@ -141,69 +153,126 @@ func (s *Store) ReadHistory(ctx context.Context, conv string, visibleOnly bool, 
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return h, fmt.Errorf("history of %s: %w", conv, err)
 	}
-	all := bodiesAfter < 0
-	if !all {
-		if err := newBodies(ctx, tx, conv, bodiesAfter, h.Bodies); err != nil {
+	cols := `m.id, m.is_summary, m.condense_id, m.condense_parent, m.is_truncation_marker,
+		m.truncation_id, m.truncation_parent, m.tokens, `
+	if after > 0 && after >= h.ResetSeq && after <= h.Seq {
+		h.Incremental = true
+		// Appended messages carry no parent tags (a tag change is not an
+		// append): visible in both views.
+		added, err := s.scanHistory(ctx, tx, conv, h.Bodies, true, `SELECT `+cols+`m.body, m.pos FROM messages m
+			WHERE m.conversation_id = ?1 AND m.seq > ?2 ORDER BY m.pos`, conv, after)
+		if err != nil {
 			return h, err
 		}
+		if len(added) > 0 && visibleOnly && hasToolResult(added) {
+			q := `SELECT ` + cols + `NULL, m.pos FROM messages m WHERE m.conversation_id = ?1 AND m.pos < ?2` + visibleFilter +
+				` ORDER BY m.pos DESC LIMIT ?3`
+			tail, err := s.scanHistory(ctx, tx, conv, nil, false, q, conv, added[0].pos, TailMessages)
+			if err != nil {
+				return h, err
+			}
+			slices.Reverse(tail)
+			added = append(tail, added...)
+		}
+		for _, m := range added {
+			h.Messages = append(h.Messages, m.Message)
+		}
+		return h, nil
 	}
-	body := "NULL"
-	if all {
-		body = "m.body"
-	}
-	q := `SELECT m.id, m.is_summary, m.condense_id, m.condense_parent, m.is_truncation_marker,
-		m.truncation_id, m.truncation_parent, m.tokens, ` + body + ` FROM messages m WHERE m.conversation_id = ?1`
+	q := `SELECT ` + cols + `m.body, m.pos FROM messages m WHERE m.conversation_id = ?1`
 	if visibleOnly {
 		q += visibleFilter
 	}
-	rows, err := tx.QueryContext(ctx, q+" ORDER BY m.pos", conv)
+	all, err := s.scanHistory(ctx, tx, conv, h.Bodies, true, q+" ORDER BY m.pos", conv)
 	if err != nil {
-		return h, fmt.Errorf("history of %s: %w", conv, err)
+		return h, err
+	}
+	h.Messages = make([]schema.Message, len(all))
+	for i, m := range all {
+		h.Messages[i] = m.Message
+	}
+	return h, nil
+}
+
+// posMessage is a message read with its position.
+type posMessage struct {
+	schema.Message
+	pos float64
+}
+
+// scanHistory runs q, whose columns are the tags, the body (or NULL) and
+// pos, and returns the messages decoded (from the cache when it holds
+// them). With keep, each body read is put into bodies.
+func (s *Store) scanHistory(ctx context.Context, q querier, conv string, bodies map[string][]byte, keep bool, query string, args ...any) ([]posMessage, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("history of %s: %w", conv, err)
 	}
 	defer rows.Close()
-	var missed []int
+	var (
+		out    []posMessage
+		missed []int
+	)
 	for rows.Next() {
 		var (
 			id string
 			t  schema.Message
 			b  []byte
+			p  float64
 		)
 		if err := rows.Scan(&id, &t.IsSummary, &t.CondenseID, &t.CondenseParent, &t.IsTruncationMarker,
-			&t.TruncationID, &t.TruncationParent, &t.Tokens, &b); err != nil {
-			return h, fmt.Errorf("history of %s: %w", conv, err)
+			&t.TruncationID, &t.TruncationParent, &t.Tokens, &b, &p); err != nil {
+			return nil, fmt.Errorf("history of %s: %w", conv, err)
 		}
-		if all {
-			h.Bodies[id] = b
-		} else {
-			b = h.Bodies[id]
+		if keep && b != nil {
+			bodies[id] = b
 		}
 		m, ok := s.cache.get(id)
 		switch {
 		case ok:
 		case b != nil:
 			if err := json.Unmarshal(b, &m); err != nil {
-				return h, fmt.Errorf("history of %s: decode %s: %w", conv, id, err)
+				return nil, fmt.Errorf("history of %s: decode %s: %w", conv, id, err)
 			}
 			s.cache.put(id, m, len(b))
 		default:
 			m.ID = id
-			missed = append(missed, len(h.Messages))
+			missed = append(missed, len(out))
 		}
 		setTags(&m, &t)
-		h.Messages = append(h.Messages, m)
+		out = append(out, posMessage{m, p})
 	}
 	if err := rows.Err(); err != nil {
-		return h, fmt.Errorf("history of %s: %w", conv, err)
+		return nil, fmt.Errorf("history of %s: %w", conv, err)
 	}
 	rows.Close()
-	for len(missed) > 0 {
-		n := min(len(missed), 500)
-		if err := fillBodies(ctx, tx, s.cache, conv, h.Messages, missed[:n]); err != nil {
-			return h, err
+	if len(missed) > 0 {
+		msgs := make([]schema.Message, len(out))
+		for i := range out {
+			msgs[i] = out[i].Message
 		}
-		missed = missed[n:]
+		for rest := missed; len(rest) > 0; {
+			n := min(len(rest), 500)
+			if err := fillBodies(ctx, q, s.cache, conv, msgs, rest[:n]); err != nil {
+				return nil, err
+			}
+			rest = rest[n:]
+		}
+		for _, i := range missed {
+			out[i].Message = msgs[i]
+		}
 	}
-	return h, nil
+	return out, nil
+}
+
+// hasToolResult tells whether any of msgs carries a tool result.
+func hasToolResult(msgs []posMessage) bool {
+	for i := range msgs {
+		if msgs[i].Content.HasBlock(schema.BlockToolResult) {
+			return true
+		}
+	}
+	return false
 }
 
 // newBodies puts the bodies of conv's messages stored after change after
