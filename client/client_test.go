@@ -691,3 +691,65 @@ func TestWithTenant(t *testing.T) {
 		t.Fatal("tenant a.b accepted")
 	}
 }
+
+// Stored events that do not fit in one ctx.q.events reply (long summaries)
+// are replayed in smaller pages, and a history too large for one reply is
+// read in pages.
+func TestRepliesTooLargeForOneMessage(t *testing.T) {
+	summary := strings.Repeat("the agent fixed the failing test; ", 200) // ~6.8 kB
+	big := clienttest.WithSummarizer(summarizerFunc(func(ctx context.Context, req schema.SummaryRequest) (schema.Summary, error) {
+		return schema.Summary{Text: summary, Model: "long-winded", InputTokens: 10, OutputTokens: 5}, nil
+	}))
+	wide := clienttest.WithProfiles(schema.Profile{ID: schema.DefaultProfileID, ContextWindow: 1_000_000, MaxTokens: 1000})
+	c, svc, _ := newClient(t, big, wide, clienttest.WithMaxPayload(64<<10))
+	ctx := t.Context()
+	const conv = "wordy"
+	long := strings.Repeat("a long tool output line ", 400) // ~9.6 kB
+	var condenses []string
+	for round := range 12 {
+		for i := range 4 {
+			role := schema.RoleUser
+			if i%2 == 1 {
+				role = schema.RoleAssistant
+			}
+			if _, err := c.Append(ctx, schema.Turn{ConversationID: conv, Role: role, Content: schema.TextContent(fmt.Sprintf("%d.%d %s", round, i, long))}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		id, err := c.Condense(ctx, conv, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		condenses = append(condenses, id)
+	}
+	if err := c.Wait(ctx, conv, condenses[len(condenses)-1]); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Events(ctx, conv, client.Replay(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got := collect(t, s, condenses[len(condenses)-1], schema.EventCondenseContext)
+	if want := stored(t, svc, conv); !reflect.DeepEqual(ids(got), want) {
+		t.Fatalf("replayed %d events, %d stored", len(got), len(want))
+	}
+	n := 0
+	for _, e := range got {
+		if cc, ok := e.(*schema.CondenseContext); ok && cc.Summary == summary {
+			n++
+		}
+	}
+	if n*len(summary) < 64<<10 {
+		t.Fatalf("only %d condenses: the events fit in one reply, nothing was tested", n)
+	}
+	// 48 turns of ~9.6 kB and the summaries: the full view is several
+	// replies' worth, so it was read in pages (Total is set then only).
+	h, err := c.History(ctx, conv, client.View(schema.ViewFull))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Messages) != 48+n || h.Total != len(h.Messages) {
+		t.Fatalf("full history: %d messages, total %d", len(h.Messages), h.Total)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"strings"
 	"sync"
 
@@ -262,30 +263,57 @@ func (f *follower) run(ctx context.Context, status chan nats.Status) error {
 
 // catchUp reads the stored events from pos on and delivers those not seen.
 func (f *follower) catchUp(ctx context.Context) error {
-	for {
-		var rep schema.EventsReply
-		err := f.c.request(ctx, schema.VerbEvents, f.conv, schema.EventsRequest{ConversationID: f.conv, After: f.pos}, 0, &rep)
-		if errors.Is(err, ErrNotFound) {
-			return nil // no conversation yet: its events will come live
-		}
+	for raw, err := range f.c.storedEvents(ctx, f.conv, f.pos) {
 		if err != nil {
 			return err
 		}
-		for _, raw := range rep.Events {
-			f.pos++
-			ev := decodeEvent(raw)
-			id := ev.Header().ID
-			_, known := f.seen[id] // delivered before, live or as progress
-			f.seen[id] = true
-			if known {
-				continue
-			}
-			if err := f.send(ctx, ev); err != nil {
-				return err
-			}
+		f.pos++
+		ev := decodeEvent(raw)
+		id := ev.Header().ID
+		_, known := f.seen[id] // delivered before, live or as progress
+		f.seen[id] = true
+		if known {
+			continue
 		}
-		if !rep.More {
-			return nil
+		if err := f.send(ctx, ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// storedEvents yields conv's stored events from after on, oldest first,
+// through ctx.q.events: in pages of the service's default size, smaller
+// ones when a page does not fit in a reply (long summaries). A conversation
+// the service does not know yet has none.
+func (c *Client) storedEvents(ctx context.Context, conv string, after int) iter.Seq2[json.RawMessage, error] {
+	return func(yield func(json.RawMessage, error) bool) {
+		limit := 0 // the service's default
+		for {
+			var rep schema.EventsReply
+			err := c.request(ctx, schema.VerbEvents, conv, schema.EventsRequest{ConversationID: conv, After: after, Limit: limit}, 0, &rep)
+			switch {
+			case errors.Is(err, ErrNotFound):
+				return
+			case errors.Is(err, ErrTooLarge) && limit != 1:
+				if limit == 0 {
+					limit = schema.MaxEventsLimit
+				}
+				limit = max(1, limit/2)
+				continue
+			case err != nil:
+				yield(nil, err)
+				return
+			}
+			for _, raw := range rep.Events {
+				if !yield(raw, nil) {
+					return
+				}
+			}
+			if !rep.More {
+				return
+			}
+			after = rep.Next
 		}
 	}
 }

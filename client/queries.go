@@ -257,24 +257,16 @@ func (c *Client) Wait(ctx context.Context, conv, inputID string) error {
 // when that can be read.
 func (c *Client) rejected(ctx context.Context, conv, id, msg string) error {
 	e := &RejectedError{InputID: id, ConversationID: conv, Reason: rejectedReason(msg), Message: msg}
-	after := 0
-	for ctx.Err() == nil {
-		var rep schema.EventsReply
-		if c.request(ctx, schema.VerbEvents, conv, schema.EventsRequest{ConversationID: conv, After: after}, 0, &rep) != nil {
-			break
+	for raw, err := range c.storedEvents(ctx, conv, 0) {
+		if err != nil {
+			break // best effort: the reason code is known already
 		}
-		for _, raw := range rep.Events {
-			if ev, err := schema.DecodeEvent(raw); err == nil {
-				if r, ok := ev.(*schema.InputRejected); ok && r.InputID == id {
-					e.Reason, e.Message = r.Reason, r.Message
-					return e
-				}
+		if ev, err := schema.DecodeEvent(raw); err == nil {
+			if r, ok := ev.(*schema.InputRejected); ok && r.InputID == id {
+				e.Reason, e.Message = r.Reason, r.Message
+				break
 			}
 		}
-		if !rep.More {
-			break
-		}
-		after = rep.Next
 	}
 	return e
 }

@@ -47,6 +47,7 @@ type config struct {
 	profiles   []schema.Profile
 	summarizer stages.Summarizer
 	log        *slog.Logger
+	maxPayload int32
 }
 
 // WithProfiles replaces the profiles (default: SmallProfile("default")).
@@ -63,6 +64,13 @@ func WithSummarizer(s stages.Summarizer) Option {
 // WithLog sends the service's log lines to log (default: discarded).
 func WithLog(log *slog.Logger) Option {
 	return func(c *config) { c.log = log }
+}
+
+// WithMaxPayload sets the server's max_payload (default bus.MaxMsgSize),
+// which also bounds the service's query replies: tests of replies too large
+// for one message need no megabytes of data.
+func WithMaxPayload(n int32) Option {
+	return func(c *config) { c.maxPayload = n }
 }
 
 // Service is a running ctxpipe.
@@ -85,7 +93,7 @@ type Service struct {
 // Start runs a service in a temporary directory; Close stops it and removes
 // the directory.
 func Start(ctx context.Context, opts ...Option) (_ *Service, err error) {
-	c := config{profiles: []schema.Profile{SmallProfile(schema.DefaultProfileID)}, log: slog.New(slog.DiscardHandler)}
+	c := config{profiles: []schema.Profile{SmallProfile(schema.DefaultProfileID)}, log: slog.New(slog.DiscardHandler), maxPayload: bus.MaxMsgSize}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -102,7 +110,7 @@ func Start(ctx context.Context, opts ...Option) (_ *Service, err error) {
 	s.NATS, err = server.NewServer(&server.Options{
 		ServerName: "clienttest", Host: "127.0.0.1", Port: -1,
 		JetStream: true, StoreDir: filepath.Join(dir, "jetstream"),
-		MaxPayload: bus.MaxMsgSize, NoLog: true, NoSigs: true,
+		MaxPayload: c.maxPayload, NoLog: true, NoSigs: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("clienttest: nats server: %w", err)
