@@ -94,11 +94,11 @@ const defaultPage = 1000
 
 // History returns a whole view of conv, following next_cursor across pages
 // when it does not fit in one reply (Total is then set, as on a paged
-// reply). If the view changes between two pages
-// (a condense, truncation or rewind in between), the service refuses the
-// stale cursor and History reads again from the start, so the messages
-// returned are always one consistent view. An unknown conversation is
-// ErrNotFound.
+// reply). If the view changes between two pages (a condense, truncation or
+// rewind in between), the service refuses the stale cursor and History
+// reads again from the start, so the messages returned are always one
+// consistent view. An unknown conversation is ErrNotFound. To read the same
+// view again and again, Track it.
 func (c *Client) History(ctx context.Context, conv string, opts ...HistoryOption) (*schema.HistoryReply, error) {
 	h := historyConfig{view: schema.ViewEffective}
 	for _, o := range opts {
@@ -137,7 +137,7 @@ func (c *Client) History(ctx context.Context, conv string, opts ...HistoryOption
 			// room (too_large halves them again). The wait is done: the
 			// first page had it.
 			h.waitFor = ""
-			h.pageSize *= 2
+			h.pageSize = min(2*h.pageSize, schema.MaxHistoryLimit)
 		case errors.Is(err, ErrTooLarge) && h.pageSize != 1:
 			if h.pageSize == 0 {
 				h.pageSize = defaultPage
