@@ -228,7 +228,7 @@ func (r *run) manage(d Decision) error {
 // not made: it would break the agent's prompt cache for little.
 func (r *run) mask(d Decision) bool {
 	before := effectiveTokens(r.st.SystemTokens, r.hist)
-	o := MaskOptions{KeepLast: r.p.MaskKeepLast(), ExcludeTools: r.p.Mask.ExcludeTools, Keep: r.pinned()}
+	o := MaskOptions{KeepLast: r.p.MaskKeepLast(), ExcludeTools: r.p.Mask.ExcludeTools, Keep: r.keep}
 	m, ok := PlanMask(r.hist, o, DeriveID(r.in.ID, "mask"), r.in.TS, r.ctr.Content)
 	if !ok {
 		return false
@@ -251,21 +251,6 @@ func (r *run) mask(d Decision) bool {
 	})
 	r.log().Info("masked tool results", "count", m.Count, "prev_tokens", d.Prev, "new_tokens", next)
 	return true
-}
-
-// pinned is the ids of the visible pinned messages (masking leaves them
-// whole; the task and the latest instruction keep their words anyway).
-func (r *run) pinned() map[string]bool {
-	var out map[string]bool
-	for i := range r.hist {
-		if m := &r.hist[i]; r.st.IsPinned(m) {
-			if out == nil {
-				out = map[string]bool{}
-			}
-			out[m.ID] = true
-		}
-	}
-	return out
 }
 
 func (r *run) condense(d Decision) (bool, error) {

@@ -20,20 +20,38 @@ import (
 //   - effective ⊆ stored, and the stored agent messages are exactly the ones
 //     appended and not rewound (nothing is lost, nothing appears);
 //   - every parent tag that hides a message names a stored summary or marker;
-//   - at the end, rewinding past every condensation and truncation restores
-//     the original history, and so the original effective history, byte for byte.
+//   - what must survive (MustKeep: pinned messages, the task, the latest
+//     instruction) before a turn, condense or overflow is still visible, as
+//     stored, after it; a stand-in never stands for a kept message;
+//   - at the end, rewinding past every condensation, truncation and masking
+//     restores the original history, and so the original effective
+//     history, byte for byte.
+//
+// ops[0] picks the strategy, whether the profile masks (and how many results
+// it keeps whole) and whether it keeps the task.
 func FuzzEngine(f *testing.F) {
 	f.Add([]byte{0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1})
 	f.Add([]byte{1, 2, 9, 3, 9, 2, 9, 3, 9, 2, 9, 3, 9, 4, 0, 2, 9, 3, 9, 5, 0, 6, 3})
 	f.Add([]byte{2, 7, 1, 2, 200, 3, 200, 2, 200, 3, 200, 2, 200, 3, 200, 6, 1, 2, 5, 3, 5})
 	f.Add([]byte{0, 7, 2, 0, 250, 1, 250, 0, 250, 1, 250, 0, 250, 1, 250, 0, 250, 1, 250, 5, 0, 4, 0, 6, 9})
 	f.Add([]byte(strings.Repeat("\x02\x40\x03\x40", 30) + "\x04\x00\x05\x00\x06\x07"))
+	// Masking profiles (ops[0] 3, 10, 22), with pins (op 8), large results
+	// and a final rewind.
+	f.Add([]byte("\x03" + strings.Repeat("\x03\x70\x02\x77", 12) + "\x08\x01\x01" + strings.Repeat("\x03\x70\x02\x77", 8) + "\x04\x00\x06\x05\x01"))
+	f.Add([]byte("\x0a" + strings.Repeat("\x03\x71\x02\x76\x00\x10", 10) + "\x08\x00\x02\x05\x00"))
+	f.Add([]byte("\x16" + strings.Repeat("\x03\x72\x02\x75", 20) + "\x08\x03\x01\x04\x00"))
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		if len(ops) < 2 || len(ops) > 400 {
 			return
 		}
 		p := schema.Profile{ID: "fz", ContextWindow: 2000, MaxTokens: 200,
 			Strategy: []schema.Strategy{schema.StrategyKeepTail, schema.StrategyFreshStart, schema.StrategyPreserveFraction}[int(ops[0])%3]}
+		if ops[0]/3%2 == 1 {
+			p.Mask = schema.MaskSettings{Enabled: true, KeepLast: intp(int(ops[0]) / 6 % 3), MinGainTokens: intp(int(ops[0]) / 18 % 2 * 50)}
+		}
+		if ops[0]/36%2 == 1 {
+			p.KeepTask = boolp(false)
+		}
 		mode := 0 // 0 short summary, 1 too long, 2 error
 		sum := SummarizerFunc(func(_ context.Context, req schema.SummaryRequest) (schema.Summary, error) {
 			switch mode {
@@ -57,7 +75,13 @@ func FuzzEngine(f *testing.F) {
 			return 0
 		}
 		for i := 1; i < len(ops); i++ {
-			op := ops[i] % 8
+			op := ops[i] % 9
+			// What must survive this step: computed before it, with the
+			// step's turn appended (it may be the new latest instruction).
+			mustSurvive := func(extra ...schema.Message) map[string]bool {
+				return MustKeep(append(c.Messages[:len(c.Messages):len(c.Messages)], extra...), c.State.Pins, &c.Profile)
+			}
+			var required map[string]bool
 			switch op {
 			case 0, 1, 2, 3:
 				size := 1 + int(next(&i))%120
@@ -90,6 +114,8 @@ func FuzzEngine(f *testing.F) {
 				default:
 					turn.Role = schema.RoleUser
 				}
+				required = mustSurvive(schema.Message{Turn: turn})
+				delete(required, turn.ID)
 				if _, err := c.Append(ctx, turn); err != nil {
 					t.Fatalf("append: %v", err)
 				}
@@ -103,8 +129,10 @@ func FuzzEngine(f *testing.F) {
 				order = append(order, turn.ID)
 			case 4:
 				ts++
+				required = mustSurvive()
 				control(t, c, schema.Input{Kind: schema.KindCondense, ID: msgID(100000 + i), ConversationID: testConv, TS: lastTS(c), Trigger: schema.TriggerManual})
 			case 5:
+				required = mustSurvive()
 				control(t, c, schema.Input{Kind: schema.KindOverflow, ID: msgID(200000 + i), ConversationID: testConv, TS: lastTS(c), Trigger: schema.TriggerForced})
 			case 6:
 				if len(order) == 0 {
@@ -119,11 +147,32 @@ func FuzzEngine(f *testing.F) {
 				order = dropRewound(order, originals, target.TS, include)
 			case 7:
 				mode = int(next(&i)) % 3
+			case 8:
+				if len(order) == 0 {
+					continue
+				}
+				target := order[int(next(&i))%len(order)]
+				ts++
+				_, err := c.Apply(ctx, schema.Input{Kind: schema.KindPin, ID: msgID(400000 + i), ConversationID: testConv, TS: ts, MessageID: target, Pinned: next(&i)%3 != 0})
+				if err != nil {
+					t.Fatalf("pin: %v", err)
+				}
 			}
 			checkInvariants(t, c, originals, order)
+			eff := idSet(c.Effective())
+			for id := range required {
+				if !eff[id] && idSet(c.Messages)[id] {
+					t.Fatalf("op %d: message %s must survive but is hidden\nstored %q\neffective %q", op, id, join(c.Messages), join(c.Effective()))
+				}
+			}
 		}
 		// Rewind past every condensation and truncation that is still live.
 		cut := int64(-1)
+		for _, m := range c.Messages {
+			if m.IsMask() && (cut < 0 || m.MaskedAt < cut) {
+				cut = m.MaskedAt
+			}
+		}
 		for _, r := range ContextEventRefs(c.Events) {
 			live := false
 			for _, m := range c.Messages {
@@ -147,6 +196,7 @@ func FuzzEngine(f *testing.F) {
 			want = append(want, originals[id])
 		}
 		if len(c.Messages)+len(want) > 0 && !reflect.DeepEqual(c.Messages, want) {
+			// (Pins live in the state, never in a stored message.)
 			t.Fatalf("rewind past every condensation: stored history not restored\n got %v\nwant %d messages", join(c.Messages), len(want))
 		}
 		if eff := c.Effective(); len(eff)+len(want) > 0 && !reflect.DeepEqual(eff, EffectiveHistory(want)) {

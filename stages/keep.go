@@ -9,9 +9,7 @@ import (
 // What must survive a reduction (issue 13): pinned messages, and with the
 // profile's keep_task the first user message (the task) and the latest user
 // instruction. Each stays verbatim in the effective history: no summary
-// stands in for it, no truncation hides it, and masking leaves a pinned
-// message whole (the task and the instruction keep their words; only the
-// bodies of tool results in the same turn may be masked).
+// stands in for it, no truncation hides it, and masking leaves it whole.
 
 // MustKeep returns the ids of the visible messages that no reduction may
 // hide: the pinned ones (pins overrides each message's own flag, see

@@ -33,7 +33,8 @@ type MaskOptions struct {
 	KeepLast int
 	// ExcludeTools are tool names whose results are never masked.
 	ExcludeTools []string
-	// Keep are message ids never masked (pinned messages).
+	// Keep are message ids never masked (MustKeep: pinned messages, the
+	// task, the latest instruction), which stay verbatim.
 	Keep map[string]bool
 }
 
