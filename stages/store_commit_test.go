@@ -49,7 +49,9 @@ func TestMaskingCommitsThroughTheStore(t *testing.T) {
 	}))
 	eng.Log = slog.New(slog.DiscardHandler)
 	eng.Globals = schema.Globals{AutoCondense: true, AutoCondensePercent: 75}
-	eng.Counter = func(*schema.Profile) (tokens.Counter, error) { return tokens.Counter{Text: tokens.Chars{}, Fudge: 1}, nil }
+	eng.Counter = func(*schema.Profile) (tokens.Counter, error) {
+		return tokens.Counter{Text: tokens.Chars{}, Fudge: 1}, nil
+	}
 	mem := stages.NewConversation(conv, p, eng)
 
 	id := func(i int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", i) }
