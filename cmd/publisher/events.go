@@ -178,6 +178,12 @@ func formatEvent(data []byte, loc *time.Location) string {
 		if e.Model != "" {
 			body += " " + e.Model
 		}
+		if e.Instructions != "" {
+			body += fmt.Sprintf(" instructions %q", oneLine(e.Instructions, 60))
+		}
+	case *schema.ToolResultsMasked:
+		body = fmt.Sprintf("%s→%s tokens (%d tool results in %d msgs, %s)", thousands(e.PrevContextTokens), thousands(e.NewContextTokens),
+			e.Count, e.MessagesMasked, e.Trigger)
 	case *schema.SlidingWindowTruncation:
 		body = fmt.Sprintf("%s→%s tokens (%d msgs removed)", thousands(e.PrevContextTokens), thousands(e.NewContextTokens), e.MessagesRemoved)
 	case *schema.ContextManaging:
@@ -192,9 +198,13 @@ func formatEvent(data []byte, loc *time.Location) string {
 			body += ": " + e.Message
 		}
 	case *schema.Rewind:
-		body = fmt.Sprintf("to %s (%d msgs removed, %d restored, %d condenses and %d truncations undone)",
+		body = fmt.Sprintf("to %s (%d msgs removed, %d restored, %d condenses and %d truncations undone",
 			time.UnixMilli(e.CutoffTS).In(loc).Format("15:04:05.000"), e.MessagesRemoved, e.MessagesRestored,
 			len(e.RemovedCondenseIDs), len(e.RemovedTruncationIDs))
+		if len(e.RemovedMaskIDs) > 0 {
+			body += fmt.Sprintf(", %d maskings undone", len(e.RemovedMaskIDs))
+		}
+		body += ")"
 	case *schema.InputRejected:
 		body = fmt.Sprintf("%s on %s: %s", e.Reason, e.Subject, oneLine(e.Message, 120))
 	}

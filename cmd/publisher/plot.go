@@ -58,16 +58,17 @@ func runPlot(ctx context.Context, c *cli, args []string) error {
 	return renderSVG(w, st, contextSeries(hist.Messages, evs))
 }
 
-// point is the context size after turn X; Kind marks a condense or a
-// truncation that brought it down to Y at that turn.
+// point is the context size after turn X; Kind marks a condense, a
+// truncation or a masking that brought it down to Y at that turn.
 type point struct {
 	X, Y int
 	Kind schema.EventType
 }
 
 // contextSeries rebuilds the context size turn by turn from the stored turns
-// (their counts, or the provider's usage) and the condense and truncation
-// events, which carry the exact figures before and after each reduction.
+// (their counts, or the provider's usage) and the condense, truncation and
+// masking events, which carry the exact figures before and after each
+// reduction. Masked stand-ins are synthetic, so each turn counts once.
 func contextSeries(msgs []schema.Message, evs []schema.Event) []point {
 	var turns []schema.Message
 	for _, m := range msgs {
@@ -80,11 +81,13 @@ func contextSeries(msgs []schema.Message, evs []schema.Event) []point {
 	for i, m := range turns {
 		at[m.ID] = i
 	}
-	undone := map[string]bool{} // condenses and truncations a rewind removed
+	undone := map[string]bool{} // condenses, truncations and maskings a rewind removed
 	for _, e := range evs {
 		if r, ok := e.(*schema.Rewind); ok {
-			for _, id := range append(r.RemovedCondenseIDs, r.RemovedTruncationIDs...) {
-				undone[id] = true
+			for _, ids := range [][]string{r.RemovedCondenseIDs, r.RemovedTruncationIDs, r.RemovedMaskIDs} {
+				for _, id := range ids {
+					undone[id] = true
+				}
 			}
 		}
 	}
@@ -97,6 +100,10 @@ func contextSeries(msgs []schema.Message, evs []schema.Event) []point {
 			}
 		case *schema.SlidingWindowTruncation:
 			if undone[e.TruncationID] {
+				continue
+			}
+		case *schema.ToolResultsMasked:
+			if undone[e.MaskID] {
 				continue
 			}
 		}
@@ -123,6 +130,8 @@ func contextSeries(msgs []schema.Message, evs []schema.Event) []point {
 			case *schema.CondenseContext:
 				prev, next = e.PrevContextTokens, e.NewContextTokens
 			case *schema.SlidingWindowTruncation:
+				prev, next = e.PrevContextTokens, e.NewContextTokens
+			case *schema.ToolResultsMasked:
 				prev, next = e.PrevContextTokens, e.NewContextTokens
 			default:
 				continue
@@ -182,7 +191,10 @@ func renderSVG(w io.Writer, st schema.StatusReply, pts []point) error {
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="#2c6fbb" stroke-width="2" points="%s"/>`+"\n", strings.TrimSpace(line.String()))
 	}
-	condenses, truncations := 0, 0
+	condenses, truncations, maskings := 0, 0, 0
+	diamond := func(x, y float64) string {
+		return fmt.Sprintf("%.1f,%.1f %.1f,%.1f %.1f,%.1f %.1f,%.1f", x, y-6, x+6, y, x, y+6, x-6, y)
+	}
 	for _, p := range pts {
 		switch p.Kind {
 		case schema.EventCondenseContext:
@@ -191,10 +203,14 @@ func renderSVG(w io.Writer, st schema.StatusReply, pts []point) error {
 		case schema.EventSlidingWindowTruncation:
 			truncations++
 			fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="9" height="9" fill="#e67e22"><title>truncation at turn %d → %s tokens</title></rect>`+"\n", px(p.X)-4.5, py(p.Y)-4.5, p.X, thousands(p.Y))
+		case schema.EventToolResultsMasked:
+			maskings++
+			fmt.Fprintf(&b, `<polygon points="%s" fill="#8e44ad"><title>masking at turn %d → %s tokens</title></polygon>`+"\n", diamond(px(p.X), py(p.Y)), p.X, thousands(p.Y))
 		}
 	}
 	fmt.Fprintf(&b, `<circle cx="%d" cy="38" r="5" fill="#27ae60"/><text x="%d" y="42">condense (%d)</text>`+"\n", W-260, W-250, condenses)
 	fmt.Fprintf(&b, `<rect x="%d" y="33.5" width="9" height="9" fill="#e67e22"/><text x="%d" y="42">truncation (%d)</text>`+"\n", W-140, W-128, truncations)
+	fmt.Fprintf(&b, `<polygon points="%s" fill="#8e44ad"/><text x="%d" y="42">masking (%d)</text>`+"\n", diamond(float64(W-380), 38), W-370, maskings)
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
