@@ -2,10 +2,14 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -75,7 +79,10 @@ func (c *Client) control(ctx context.Context, conv string, in schema.Input) (str
 }
 
 // publish sends one input and waits for its PubAck; a duplicate ack is a
-// success (the input is in the stream).
+// success (the input is in the stream). A publish the server refuses (a
+// user who may not send this kind of input) gets no ack, only an
+// asynchronous -ERR: publish watches for it, so it fails at once with the
+// server's reason (nats.ErrPermissionViolation) instead of at the timeout.
 func (c *Client) publish(ctx context.Context, conv string, kind schema.InputKind, id string, data []byte) error {
 	if !schema.ValidConversationID(conv) {
 		// Refused here, as the service would: "a.b" would be read as
@@ -85,8 +92,50 @@ func (c *Client) publish(ctx context.Context, conv string, kind schema.InputKind
 	}
 	ctx, cancel := c.bound(ctx, 0)
 	defer cancel()
-	if _, err := bus.PublishInput(ctx, c.js, schema.InputSubject(c.scoped(conv), kind), id, data); err != nil {
-		return fmt.Errorf("ctxpipe %s: %w", kind, err)
+	subject := schema.InputSubject(c.scoped(conv), kind)
+	before := c.nc.LastError()
+	refused := func() error {
+		// Only a violation that came after the publish started: the
+		// connection's last error may be an old one.
+		err := c.nc.LastError()
+		if !sameError(err, before) && errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `Publish to "`+subject+`"`) {
+			return err
+		}
+		return nil
 	}
-	return nil
+	done := make(chan error, 1)
+	go func() {
+		_, err := bus.PublishInput(ctx, c.js, subject, id, data)
+		done <- err
+	}()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				if p := refused(); p != nil {
+					err = p
+				}
+				return fmt.Errorf("ctxpipe %s: %w", kind, err)
+			}
+			return nil
+		case <-tick.C:
+			if p := refused(); p != nil {
+				cancel()
+				<-done
+				return fmt.Errorf("ctxpipe %s: %w", kind, p)
+			}
+		}
+	}
+}
+
+// sameError reports whether a and b are the same error value; == would
+// panic on a dynamic type that is not comparable.
+func sameError(a, b error) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	return ta == tb && ta.Comparable() && a == b
 }

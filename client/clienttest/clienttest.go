@@ -48,6 +48,7 @@ type config struct {
 	summarizer stages.Summarizer
 	log        *slog.Logger
 	maxPayload int32
+	conn       *bus.ConnConfig
 }
 
 // WithProfiles replaces the profiles (default: SmallProfile("default")).
@@ -73,11 +74,20 @@ func WithMaxPayload(n int32) Option {
 	return func(c *config) { c.maxPayload = n }
 }
 
+// WithConn runs the service against a server that is already there (for
+// example one started from the repository's nats.conf, with its accounts
+// and users), connected with cfg, instead of an embedded server of its own.
+// WithMaxPayload then does nothing.
+func WithConn(cfg bus.ConnConfig) Option {
+	return func(c *config) { c.conn = &cfg }
+}
+
 // Service is a running ctxpipe.
 type Service struct {
 	// URL is the NATS server's client URL.
 	URL string
-	// NATS is the embedded server, for tests that stop or restart it.
+	// NATS is the embedded server, for tests that stop or restart it (nil
+	// with WithConn).
 	NATS *server.Server
 	// Store is the service's SQLite store.
 	Store *store.Store
@@ -107,22 +117,36 @@ func Start(ctx context.Context, opts ...Option) (_ *Service, err error) {
 			_ = s.Close()
 		}
 	}()
-	s.NATS, err = server.NewServer(&server.Options{
-		ServerName: "clienttest", Host: "127.0.0.1", Port: -1,
-		JetStream: true, StoreDir: filepath.Join(dir, "jetstream"),
-		MaxPayload: c.maxPayload, NoLog: true, NoSigs: true,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("clienttest: nats server: %w", err)
-	}
-	go s.NATS.Start()
-	// Readiness is not a timed assertion: 30 s only bounds a broken start.
-	if !s.NATS.ReadyForConnections(30 * time.Second) {
-		return nil, errors.New("clienttest: nats server not ready for connections")
-	}
-	s.URL = s.NATS.ClientURL()
-	if s.nc, err = nats.Connect(s.URL, nats.Name("clienttest-service"), nats.MaxReconnects(-1)); err != nil {
-		return nil, fmt.Errorf("clienttest: connect: %w", err)
+	if c.conn != nil {
+		cfg := *c.conn
+		if cfg.Name == "" {
+			cfg.Name = "clienttest-service"
+		}
+		if cfg.Log == nil {
+			cfg.Log = c.log
+		}
+		s.URL = cfg.URL
+		if s.nc, err = bus.Connect(cfg); err != nil {
+			return nil, fmt.Errorf("clienttest: %w", err)
+		}
+	} else {
+		s.NATS, err = server.NewServer(&server.Options{
+			ServerName: "clienttest", Host: "127.0.0.1", Port: -1,
+			JetStream: true, StoreDir: filepath.Join(dir, "jetstream"),
+			MaxPayload: c.maxPayload, NoLog: true, NoSigs: true,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("clienttest: nats server: %w", err)
+		}
+		go s.NATS.Start()
+		// Readiness is not a timed assertion: 30 s only bounds a broken start.
+		if !s.NATS.ReadyForConnections(30 * time.Second) {
+			return nil, errors.New("clienttest: nats server not ready for connections")
+		}
+		s.URL = s.NATS.ClientURL()
+		if s.nc, err = nats.Connect(s.URL, nats.Name("clienttest-service"), nats.MaxReconnects(-1)); err != nil {
+			return nil, fmt.Errorf("clienttest: connect: %w", err)
+		}
 	}
 	js, err := jetstream.New(s.nc)
 	if err != nil {
