@@ -454,6 +454,25 @@ func TestEventsReplayAndLiveWithoutGapsOrDuplicates(t *testing.T) {
 			t.Fatalf("republished events delivered again: %v", ids(got))
 		}
 	}
+	// StoredEvents reads the same, and ends.
+	var log []string
+	for ev, err := range c.StoredEvents(ctx, conv, 1) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		log = append(log, ev.Header().ID)
+	}
+	if !reflect.DeepEqual(log, want[1:]) {
+		t.Fatalf("stored events after 1: %d, want %d", len(log), len(want)-1)
+	}
+	for _, err := range c.StoredEvents(ctx, "nobody", 0) {
+		t.Fatalf("events of nobody: %v", err)
+	}
+	for _, err := range c.StoredEvents(ctx, "a.b", 0) {
+		if !errors.Is(err, client.ErrBadRequest) {
+			t.Fatalf("events of a.b: %v", err)
+		}
+	}
 	// Replay from the middle skips the first events.
 	s, err := c.Events(ctx, conv, client.Replay(len(want)-2))
 	if err != nil {

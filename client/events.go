@@ -282,6 +282,31 @@ func (f *follower) catchUp(ctx context.Context) error {
 	return nil
 }
 
+// StoredEvents yields conv's events as the service committed them, oldest
+// first, skipping the first after, and ends with the last one stored when
+// it is read: a replay that ends (a CLI's replay, a page's first load), read
+// through ctx.q.events (which works in a tenant's account). A conversation
+// with no events, or none at all, yields nothing. An event of a type this
+// client does not know comes as a *RawEvent. To go on with the live events
+// without a gap, use Events with Replay instead.
+func (c *Client) StoredEvents(ctx context.Context, conv string, after int) iter.Seq2[schema.Event, error] {
+	return func(yield func(schema.Event, error) bool) {
+		if err := badConversation(schema.VerbEvents, conv); err != nil {
+			yield(nil, err)
+			return
+		}
+		for raw, err := range c.storedEvents(ctx, conv, max(after, 0)) {
+			if err != nil {
+				yield(nil, err)
+				return
+			}
+			if !yield(decodeEvent(raw), nil) {
+				return
+			}
+		}
+	}
+}
+
 // storedEvents yields conv's stored events from after on, oldest first,
 // through ctx.q.events: in pages of the service's default size, smaller
 // ones when a page does not fit in a reply (long summaries). A conversation

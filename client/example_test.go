@@ -538,3 +538,29 @@ func ExampleWithTenant() {
 	fmt.Println(errors.Is(err, client.ErrNotFound))
 	// Output: true
 }
+
+func ExampleClient_StoredEvents() {
+	c, stop := connect()
+	defer stop()
+	ctx := context.Background()
+	appendTurns(ctx, c, "task-42", 10)
+	id, err := c.Condense(ctx, "task-42", "")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Wait(ctx, "task-42", id); err != nil {
+		log.Fatal(err)
+	}
+	// What happened so far, and no more: the sequence ends.
+	for ev, err := range c.StoredEvents(ctx, "task-42", 0) {
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(ev.Header().Type, ev.Header().InputID == id)
+	}
+	// Output:
+	// context_managing false
+	// condense_context false
+	// context_managing true
+	// condense_context true
+}
