@@ -3,6 +3,21 @@
 // the queries (ctx.q.history, ctx.q.status, ctx.q.events) and follows a
 // conversation's events, live and replayed from the start.
 //
+// An agent's loop:
+//
+//	c, err := client.Connect(bus.ConnConfig{URL: "nats://127.0.0.1:4222"})
+//	...
+//	history := c.Track("task-42") // the effective view, read incrementally
+//	id, err := c.Append(ctx, schema.Turn{ConversationID: "task-42", Role: schema.RoleUser,
+//		Content: schema.TextContent("Why does the build fail?")})
+//	h, err := history.Read(ctx, id) // what to send the model, this turn included
+//
+// A UI's:
+//
+//	events, err := c.Events(ctx, "task-42", client.Replay(0)) // stored, then live
+//	for ev := range events.C() { ... }
+//	id, err := c.Condense(ctx, "task-42", "keep the failing test names")
+//
 // Failures are typed: a query the service refuses is a *QueryError
 // carrying the service's code, an input the service rejected is a
 // *RejectedError carrying the reason code, and both match sentinels with
