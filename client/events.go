@@ -65,7 +65,9 @@ type EventStream struct {
 }
 
 // C delivers the events: each once, in commit order (see WithProgress for
-// the one exception). Events are queued in memory until read.
+// the one exception). Events are queued in memory until read, and the
+// stream remembers the id of each it delivered (to drop the copies a relay
+// retry or a replay overlap brings): tens of bytes an event.
 func (s *EventStream) C() <-chan schema.Event { return s.c }
 
 // Err is why the stream ended, once C is closed: nil after Close, ctx's
