@@ -138,8 +138,23 @@ function natsBanner(s) {
     `NATS is unreachable (${s}). Showing what the store holds; live updates and the buttons wait for NATS to come back.`, true);
 }
 
-// debounce runs f once, wait ms after the last call.
-function debounce(f, wait) {
-  let t = null;
-  return () => { clearTimeout(t); t = setTimeout(f, wait); };
+// coalesce runs the async f at most once per wait ms however often it is
+// asked, never two at once, and once more after a run if asked meanwhile:
+// a steady flow of turns must not postpone the refresh for ever (as a
+// debounce would) nor send a read per turn.
+function coalesce(f, wait) {
+  let timer = null, running = false, again = false;
+  const run = async () => {
+    timer = null;
+    running = true;
+    try { await f(); } finally {
+      running = false;
+      if (again) { again = false; ask(); }
+    }
+  };
+  const ask = () => {
+    if (running) { again = true; return; }
+    if (!timer) timer = setTimeout(run, wait);
+  };
+  return ask;
 }

@@ -20,15 +20,50 @@ function renderStatus(s) {
   document.getElementById("crumb-tenant").textContent = s.tenant ? "/ " + s.tenant : "";
   document.getElementById("crumb-id").textContent = "/ " + s.id;
   document.title = "ctxpipe · " + s.key;
-  document.getElementById("gauge").replaceChildren(gauge(s, true));
+  const g = gauge(s, true);
+  // The context crosses the threshold on the turn that makes it condense,
+  // so the stored figure is already the reduced one: the gauge also shows
+  // where the last reduction started from (unless a rewind undid it since).
+  const last = lastReduction();
+  if (last && s.window) {
+    const from = last.prev_context_tokens, to = last.new_context_tokens;
+    // A hatched stretch from the current size up to where the last
+    // reduction started, ending in a tick.
+    const pct = (v) => Math.min(100, 100 * v / s.window);
+    const low = Math.min(pct(s.tokens), pct(from));
+    const peak = el("div", {class: "peak" + (from >= s.threshold_tokens ? " crossed" : ""),
+      title: `${last.type === "condense_context" ? "condensed" : "truncated"} from ${num(from)} to ${num(to)} tokens`});
+    peak.style.left = low + "%";
+    peak.style.width = (pct(from) - low) + "%";
+    g.querySelector(".gauge").append(peak);
+    g.querySelector(".gauge-label").append(` · last ${last.type === "condense_context" ? "condense" : "truncation"} ${num(from)} → ${num(to)}`);
+  }
+  document.getElementById("gauge").replaceChildren(g);
   const f = (label, value, cls) => el("span", {class: cls}, label + " ", el("b", {}, value));
-  document.getElementById("figures").replaceChildren(
+  document.getElementById("figures").replaceChildren(...[
     f("profile", s.profile || "default"),
     s.tenant ? f("tenant", s.tenant) : null,
     f("messages", `${num(s.messages)} (${num(s.hidden)} hidden)`, "fig-messages"),
     f("condenses", num(s.condenses), "fig-condenses"),
     f("truncations", num(s.truncations), "fig-truncations"),
-    el("span", {title: when(s.updated_at)}, "last activity ", el("b", {}, ago(s.updated_at))));
+    el("span", {title: when(s.updated_at)}, "last activity ", el("b", {}, ago(s.updated_at)))].filter(Boolean));
+}
+
+// lastReduction is the latest condense or truncation, if no rewind came
+// after it.
+function lastReduction() {
+  const all = allEvents();
+  for (let i = all.length - 1; i >= 0; i--) {
+    const e = all[i];
+    if (e.type === "rewind") return null;
+    if (e.type === "condense_context" || e.type === "sliding_window_truncation") return e;
+  }
+  return null;
+}
+
+function allEvents() {
+  const known = new Set(S.snap.events.map((e) => e.id));
+  return S.snap.events.concat(S.extra.filter((e) => !known.has(e.id)));
 }
 
 // ---- plot ---------------------------------------------------------------
@@ -143,8 +178,7 @@ function eventLine(ev, managing) {
 }
 
 function renderTimeline() {
-  const known = new Set(S.snap.events.map((e) => e.id));
-  const all = S.snap.events.concat(S.extra.filter((e) => !known.has(e.id)));
+  const all = allEvents();
   // context_managing announces the condense whose outcome shares its input:
   // shown as one entry once the outcome is there.
   const outcome = new Map();
@@ -227,6 +261,8 @@ async function send(kind, body, label) {
     const rep = await postJSON(`/api/conversations/${encodeURIComponent(key)}/${kind}`, body);
     S.pending.set(rep.input_id, label);
     requestStatus(`${label} sent (input ${rep.input_id.slice(0, 8)}); waiting for the service…`);
+    // Its outcome may have come in before this answer did.
+    if (S.snap) allEvents().forEach(outcome);
   } catch (e) {
     requestStatus(`${label} failed: ${e.message}`);
   }
@@ -293,11 +329,12 @@ async function load() {
   drawPlot(s);
   renderTimeline();
   renderHistory(s);
+  allEvents().forEach(outcome);
   document.getElementById("condense").disabled = s.nats !== "connected";
   if (!live) follow(s.seq, s.mark);
 }
 
-const refresh = debounce(load, 120);
+const refresh = coalesce(load, 100);
 
 function follow(seq, mark) {
   live = new Live(`/api/events?conv=${encodeURIComponent(key)}&after=${seq}&mark=${mark}`, {

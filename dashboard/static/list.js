@@ -62,7 +62,7 @@ async function load() {
   }
 }
 
-const refresh = debounce(load, 120);
+const refresh = coalesce(load, 100);
 
 document.addEventListener("DOMContentLoaded", () => {
   for (const th of document.querySelectorAll("#convs th")) {
