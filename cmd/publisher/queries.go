@@ -26,7 +26,7 @@ func runControl(kind schema.InputKind) func(context.Context, *cli, []string) err
 		)
 		if kind == schema.KindRewind {
 			ts = fs.Int64("ts", 0, "cutoff timestamp, Unix ms (required): the turn at this ts and later are undone")
-			includeTarget = fs.Bool("include-target", false, "also remove the turn at exactly --ts")
+			includeTarget = fs.Bool("include-target", false, "keep the turn at exactly --ts (what it caused is still undone)")
 		}
 		pos, err := parse(fs, args)
 		if err != nil {
