@@ -267,6 +267,15 @@ func TestBrowser(t *testing.T) {
 	if got := eval[string](t, ctx, state); got != want {
 		t.Fatalf("after a reload:\n%s\nbefore:\n%s", got, want)
 	}
+
+	// NATS goes away: the page says so, keeps what the store shows, and
+	// disables the button that would need it.
+	e.svc.NATS.Shutdown()
+	e.svc.NATS.WaitForShutdown()
+	poll(t, ctx, "the NATS-down banner", `!document.getElementById("nats-banner").hidden
+		&& /NATS is unreachable/.test(document.getElementById("nats-banner").textContent)
+		&& document.getElementById("condense").disabled
+		&& document.querySelectorAll("#history li.msg").length === 6`)
 }
 
 // screenshot saves the whole page to docs/name.

@@ -6,7 +6,15 @@
 // build step, nothing fetched from a CDN: the machines it runs on may have
 // no internet), kept live over Server-Sent Events fed by CTX_EVENTS.
 //
-// cmd/consumer mounts the handler New returns at / on its HTTP address.
+// cmd/consumer mounts it at / on its HTTP address, beside /metrics and
+// /healthz (the more specific patterns keep winning):
+//
+//	d, err := dashboard.New(dashboard.Deps{Store: m.store, JS: js,
+//		Profiles: profiles, Globals: c.Globals, Log: log})
+//	mux.Handle("/", d)
+//	m.http.RegisterOnShutdown(d.Close) // open event streams end on Shutdown
+//
+// The server must have no WriteTimeout: event streams stay open.
 //
 // Whose credentials. The dashboard runs inside the service and acts with the
 // service's own NATS connection, in the service's account: it reads SQLite
@@ -30,6 +38,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -67,9 +76,18 @@ type Deps struct {
 
 // Dashboard serves the pages, the JSON API and the event streams.
 type Dashboard struct {
-	d   Deps
-	mux *http.ServeMux
+	d         Deps
+	mux       *http.ServeMux
+	done      chan struct{} // closed by Close: every event stream ends
+	closeOnce sync.Once
 }
+
+// Close ends every open event stream (browsers reconnect on their own, to
+// whatever serves next) and makes new ones end at once. http.Server's
+// Shutdown does not cancel running requests, so an open page would hold
+// it until its deadline: register Close with the server's
+// RegisterOnShutdown.
+func (h *Dashboard) Close() { h.closeOnce.Do(func() { close(h.done) }) }
 
 // New returns the dashboard's handler, to be mounted at /:
 //
@@ -98,7 +116,7 @@ func New(d Deps) (*Dashboard, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Dashboard{d: d, mux: http.NewServeMux()}
+	h := &Dashboard{d: d, mux: http.NewServeMux(), done: make(chan struct{})}
 	page := func(name string) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Cache-Control", "no-cache")

@@ -412,3 +412,23 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// Close ends the open event streams, which http.Server's Shutdown would
+// otherwise wait for.
+func TestCloseEndsStreams(t *testing.T) {
+	e := start(t)
+	s := e.openSSE("", "")
+	s.next(t, 5*time.Second, "nats")
+	e.d.Close()
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case _, ok := <-s.events:
+			if !ok {
+				return
+			}
+		case <-timeout:
+			t.Fatal("the event stream is still open after Close")
+		}
+	}
+}

@@ -36,6 +36,7 @@ func demo16k() schema.Profile {
 // mounts it, behind an httptest server.
 type env struct {
 	t    *testing.T
+	d    *dashboard.Dashboard
 	svc  *clienttest.Service
 	nc   *nats.Conn
 	js   jetstream.JetStream
@@ -68,14 +69,14 @@ func start(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(d)
-	// Close the open event streams first, or srv.Close waits for them.
-	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	// End the open event streams first, or srv.Close waits for them.
+	t.Cleanup(func() { d.Close(); srv.Close() })
 	cl, err := client.Connect(bus.ConnConfig{URL: svc.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	return &env{t: t, svc: svc, nc: nc, js: js, cl: cl, srv: srv, http: srv.Client()}
+	return &env{t: t, d: d, svc: svc, nc: nc, js: js, cl: cl, srv: srv, http: srv.Client()}
 }
 
 // sampleTurns reads examples/sample-session.jsonl as conversation conv's

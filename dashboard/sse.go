@@ -81,7 +81,9 @@ func (h *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	ctx := r.Context()
+	// The stream's reads and its consumer end with the request or Close.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
 	// A browser reconnects a second after the stream breaks.
 	fmt.Fprint(w, "retry: 1000\n\n")
 	flusher.Flush()
@@ -147,6 +149,8 @@ func (h *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-h.done:
 			return
 		case m := <-msgs:
 			md, err := m.Metadata()
