@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -244,8 +245,8 @@ func TestBrowser(t *testing.T) {
 		&& /Rewind: \d+ messages removed, [1-9]\d* restored/.test(document.getElementById("request-status").textContent)
 		&& document.querySelectorAll("#history li.msg").length === 6
 		&& document.querySelectorAll("#history li.msg.hidden").length === 0`)
-	ids := eval[[]string](t, ctx, `[...document.querySelectorAll("#history > li.msg")].map((li) => li.dataset.id)`)
-	for i, id := range ids {
+	history := eval[[]string](t, ctx, `[...document.querySelectorAll("#history > li.msg")].map((li) => li.dataset.id)`)
+	for i, id := range history {
 		if id != turns[i].ID {
 			t.Fatalf("after the rewind, message %d is %s, want turn %s", i, id, turns[i].ID)
 		}
@@ -267,6 +268,29 @@ func TestBrowser(t *testing.T) {
 	if got := eval[string](t, ctx, state); got != want {
 		t.Fatalf("after a reload:\n%s\nbefore:\n%s", got, want)
 	}
+
+	// The list sorts by any column, both ways.
+	e.publish(sampleTurns(t, "alpha")[:2])
+	e.publish(sampleTurns(t, "zeta")[:3])
+	do(t, ctx, "open the conversations page", chromedp.Navigate(base+"/"))
+	poll(t, ctx, "the new rows", `document.querySelector('#convs tr[data-key="alpha"]') && document.querySelector('#convs tr[data-key="zeta"]')`)
+	ids := `[...document.querySelectorAll("#convs tbody tr td.id")].map((td) => td.textContent)`
+	do(t, ctx, "sort by conversation", chromedp.Click(chromedp.CSS(`#convs th[data-sort="id"]`)))
+	if got := eval[[]string](t, ctx, ids); !slices.IsSorted(got) || len(got) < 3 {
+		t.Fatalf("sorted by conversation: %v", got)
+	}
+	do(t, ctx, "sort by conversation, descending", chromedp.Click(chromedp.CSS(`#convs th[data-sort="id"]`)))
+	got := eval[[]string](t, ctx, ids)
+	if slices.Reverse(got); !slices.IsSorted(got) {
+		t.Fatalf("sorted by conversation, descending: %v", got)
+	}
+	do(t, ctx, "sort by messages", chromedp.Click(chromedp.CSS(`#convs th[data-sort="messages"]`)))
+	counts := eval[[]string](t, ctx, `[...document.querySelectorAll("#convs tbody tr")].map((tr) => tr.dataset.key)`)
+	if counts[0] != "alpha" {
+		t.Fatalf("sorted by messages, ascending: %v", counts)
+	}
+	do(t, ctx, "back to the conversation", chromedp.Navigate(base+"/c/demo"))
+	poll(t, ctx, "the conversation page", `document.querySelectorAll("#history li.msg").length === 6`)
 
 	// NATS goes away: the page says so, keeps what the store shows, and
 	// disables the button that would need it.
