@@ -275,30 +275,6 @@ func hasToolResult(msgs []posMessage) bool {
 	return false
 }
 
-// newBodies puts the bodies of conv's messages stored after change after
-// into bodies, by id.
-func newBodies(ctx context.Context, q querier, conv string, after int64, bodies map[string][]byte) error {
-	rows, err := q.QueryContext(ctx, "SELECT id, body FROM messages WHERE conversation_id = ? AND seq > ?", conv, after)
-	if err != nil {
-		return fmt.Errorf("history of %s: %w", conv, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			id string
-			b  []byte
-		)
-		if err := rows.Scan(&id, &b); err != nil {
-			return fmt.Errorf("history of %s: %w", conv, err)
-		}
-		bodies[id] = b
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("history of %s: %w", conv, err)
-	}
-	return nil
-}
-
 // visibleFilter keeps the messages no stored summary or marker hides.
 const visibleFilter = `
 		AND NOT (m.condense_parent != '' AND EXISTS (SELECT 1 FROM messages s INDEXED BY messages_summaries WHERE s.conversation_id = ?1
