@@ -12,7 +12,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -86,12 +85,11 @@ func (h *Dashboard) live(ctx context.Context) Live {
 	if l.NATS == "connected" {
 		ictx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
+		// Stream asks the server for the stream's info once; CachedInfo
+		// is that answer.
 		s, err := h.d.JS.Stream(ictx, bus.StreamEvents)
 		if err == nil {
-			var info *jetstream.StreamInfo
-			if info, err = s.Info(ictx); err == nil {
-				l.Seq = info.State.LastSeq
-			}
+			l.Seq = s.CachedInfo().State.LastSeq
 		}
 		if err != nil {
 			l.NATS = "unavailable: " + err.Error()
