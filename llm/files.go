@@ -207,6 +207,10 @@ var (
 	maskedError = regexp.MustCompile(`; last error: (.*)\. Run the call again to see it\.\]$`)
 )
 
+// MaskedPrefix opens a masked tool result's stand-in (stages.MaskPrefix;
+// llm does not import the engine, and a stages test holds the two equal).
+const MaskedPrefix = "[ctxpipe masked this tool result: "
+
 // maxLastErrorChars bounds the verbatim last error line of a summary.
 const maxLastErrorChars = 1000
 

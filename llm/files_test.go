@@ -106,7 +106,7 @@ func TestSummariesCarryFilesAndLastError(t *testing.T) {
 					t.Errorf("no %q in:\n%s", want, sum.Text)
 				}
 			}
-			if got := strings.Contains(sum.Text, "> FAILED tests/test_parser.py::test_x - ValueError: bad token at 3"); got != s.lastError {
+			if got := strings.Contains(sum.Text, ": FAILED tests/test_parser.py::test_x - ValueError: bad token at 3"); got != s.lastError {
 				t.Errorf("last error quoted = %v, want %v:\n%s", got, s.lastError, sum.Text)
 			}
 		})

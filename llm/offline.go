@@ -70,12 +70,15 @@ func (o *Offline) Summarize(ctx context.Context, req schema.SummaryRequest) (sch
 	text := clip(body, limit-len([]rune(tail))-2) + "\n\n" + tail
 	// Outside the bound: the last error line and the files touched are
 	// what an agent most needs verbatim, and each is bounded on its own.
-	if f.lastError != "" {
-		text += "\n\n## Last error seen (verbatim)\n"
-		if f.lastErrorCall != "" {
-			text += "From `" + clip(f.lastErrorCall, 80) + "`:\n"
+	if errs := lastDistinct(f.lastErrors, lastErrorsShown); len(errs) > 0 {
+		text += "\n\n## Last errors seen (verbatim, most recent last)"
+		for _, e := range errs {
+			text += "\n- "
+			if e.call != "" {
+				text += "`" + clip(e.call, 80) + "`: "
+			}
+			text += e.line
 		}
-		text += "> " + f.lastError
 	}
 	return schema.Summary{Text: WithFilesTouched(text, source(req)), Model: OfflineModel}, nil
 }
@@ -86,6 +89,30 @@ func source(req schema.SummaryRequest) []schema.Message {
 		return req.Source
 	}
 	return req.Messages
+}
+
+// callError is a tool result's last error line and the call it answered.
+type callError struct{ call, line string }
+
+// lastErrorsShown is how many results' last error lines a summary quotes:
+// the span's last results may be context the engine added (the results of
+// its last calls, kept whole after it), so one line is not enough.
+const lastErrorsShown = 3
+
+// lastDistinct is the last n entries of errs with distinct lines, in order.
+func lastDistinct(errs []callError, n int) []callError {
+	var out []callError
+	seen := map[string]bool{}
+	for i := len(errs) - 1; i >= 0 && len(out) < n; i-- {
+		if !seen[errs[i].line] {
+			seen[errs[i].line] = true
+			out = append(out, errs[i])
+		}
+	}
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out
 }
 
 // facts is what the offline condenser pulls out of a conversation.
@@ -103,8 +130,9 @@ type facts struct {
 	errors                      []string
 	calls                       map[string]string // tool_use id → short description
 	order                       int
-	lastError                   string // the last error line of any tool result, verbatim
-	lastErrorCall               string // the call whose result it is
+	// lastErrors are the last error line of each tool result that had one,
+	// verbatim, with the call it answered.
+	lastErrors []callError
 }
 
 // seen counts occurrences and remembers the first and last position, for
@@ -156,7 +184,7 @@ func extract(msgs []schema.Message) *facts {
 				}
 				if b.Content != nil {
 					if l := LastErrorLine(RenderContent(*b.Content)); l != "" {
-						f.lastError, f.lastErrorCall = l, f.calls[b.ToolUseID]
+						f.lastErrors = append(f.lastErrors, callError{call: f.calls[b.ToolUseID], line: l})
 					}
 				}
 			case schema.BlockText:
@@ -278,6 +306,15 @@ func (f *facts) toolError(b schema.Block) {
 	if b.Content != nil {
 		body = RenderContent(*b.Content)
 	}
+	if strings.HasPrefix(body, MaskedPrefix) {
+		// A masked stand-in: its kept error line, if any, is the failure.
+		first := "(output masked)"
+		if l := LastErrorLine(body); l != "" {
+			first = l
+		}
+		f.errors = append(f.errors, clip(f.who(b.ToolUseID)+": "+first, maxErrorChars))
+		return
+	}
 	prefix := ""
 	if m := returnCode.FindStringSubmatch(head(body, 256)); m != nil {
 		prefix = "exit " + m[1] + ": "
@@ -293,11 +330,15 @@ func (f *facts) toolError(b schema.Block) {
 			}
 		}
 	}
-	who := b.ToolUseID
-	if cmd := f.calls[b.ToolUseID]; cmd != "" {
-		who += " (`" + clip(cmd, 50) + "`)"
+	f.errors = append(f.errors, clip(f.who(b.ToolUseID)+": "+prefix+first, maxErrorChars))
+}
+
+// who names a call in the errors list: its id and its command.
+func (f *facts) who(id string) string {
+	if cmd := f.calls[id]; cmd != "" {
+		return id + " (`" + clip(cmd, 50) + "`)"
 	}
-	f.errors = append(f.errors, clip(who+": "+prefix+first, maxErrorChars))
+	return id
 }
 
 // meaningfulLines are the non-blank lines of s with XML-ish tags removed.

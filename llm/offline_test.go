@@ -241,7 +241,7 @@ func TestOfflineBounded(t *testing.T) {
 			want = DefaultOfflineMaxChars
 		}
 		// The last error line and the files touched come on top, each bounded.
-		if n := utf8.RuneCountInString(sum.Text); n > want+maxFilesTouchedChars+maxLastErrorChars+200 {
+		if n := utf8.RuneCountInString(sum.Text); n > want+maxFilesTouchedChars+lastErrorsShown*(maxLastErrorChars+100)+200 {
 			t.Errorf("limit %d: %d chars", limit, n)
 		}
 		if !strings.Contains(sum.Text, "## "+prompts.DetailedSections[5]+"\nLatest user request (verbatim):\n> the latest request word") {

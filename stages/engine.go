@@ -169,9 +169,13 @@ func (r *run) load() error {
 	return nil
 }
 
-// MaskTargetFraction of the threshold is where masking alone must bring the
-// context for an automatic reduction to stop there, without a condense.
-var MaskTargetFraction = 0.5
+// MaskStopFraction of the threshold is where masking alone must bring the
+// context for an automatic reduction to stop there, without a condense. A
+// keep_tail condense leaves about a quarter of the threshold on the shared
+// agent runs (make quality); a masking that stopped higher would bring the
+// next reduction, and the next broken prompt cache, sooner than a condense
+// does. Below it no model is called at all.
+const MaskStopFraction = 0.25
 
 // manage is manageContext: mask older tool results when the profile masks
 // and the threshold is crossed, and stop there if that brought an automatic
@@ -192,12 +196,12 @@ func (r *run) manage(d Decision) error {
 	defer func() { r.st.Messages = len(r.hist) }()
 	if maskDue && r.mask(d) && d.Trigger == schema.TriggerAuto {
 		// Masking cost no model call. It is enough when it leaves room
-		// for as long as a condense would (MaskTargetFraction of the
+		// for as long as a condense would (MaskStopFraction of the
 		// threshold); otherwise the condense runs now, on the masked
 		// history, so the agent's prompt cache breaks once, not twice in
 		// a few turns.
 		next := Decide(r.st.ContextTokens, r.p, r.e.Globals, d.Trigger, r.st.CondenseBlocked, r.e.Log)
-		if !next.Truncate && next.Percent <= float64(next.Threshold)*MaskTargetFraction {
+		if !next.Truncate && next.Percent <= float64(next.Threshold)*MaskStopFraction {
 			return nil
 		}
 		if !next.Condense && !next.Truncate {

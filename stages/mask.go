@@ -187,11 +187,28 @@ func standIn(call schema.Block, known bool, body string, isError bool, tokens in
 	if body == "" {
 		lines = 0
 	}
-	if tokens >= 0 {
-		fmt.Fprintf(&b, "; %d tokens, %d lines hidden", tokens, lines)
-	} else {
-		fmt.Fprintf(&b, "; %d characters, %d lines hidden", len(body), lines)
+	fmt.Fprintf(&b, "; %d tokens, %d lines hidden", tokens, lines)
+	if isError {
+		b.WriteString("; it reported an error")
 	}
+	if last := lastErrorLine(body); last != "" {
+		b.WriteString("; last error: ")
+		b.WriteString(last)
+	}
+	b.WriteString(". Run the call again to see it.]")
+	return b.String()
+}
+
+// standInParts reads a stand-in back: its line count, and what follows the
+// size (the error notes).
+var standInParts = regexp.MustCompile(`; \d+ tokens, (\d+) lines hidden(.*)\. Run the call again to see it\.\]$`)
+
+// shortStandIn is a summarizer request's stand-in: the size and the last
+// error line only.
+func shortStandIn(body string, isError bool) string {
+	var b strings.Builder
+	b.WriteString(MaskPrefix)
+	fmt.Fprintf(&b, "%d lines", strings.Count(strings.TrimRight(body, "\n"), "\n")+1)
 	if isError {
 		b.WriteString("; it reported an error")
 	}
@@ -342,11 +359,20 @@ func maskRequest(req, all []schema.Message) []schema.Message {
 			return b
 		}
 		body := contentText(*b.Content)
-		if strings.HasPrefix(body, MaskPrefix) || len(body) < maxStandInArg {
+		if strings.HasPrefix(body, MaskPrefix) {
+			// A stand-in of the history: its short form.
+			if m := standInParts.FindStringSubmatch(body); m != nil {
+				c := schema.TextContent(MaskPrefix + m[1] + " lines" + m[2] + ". Run the call again to see it.]")
+				b.Content = &c
+			}
 			return b
 		}
-		call, known := calls[b.ToolUseID]
-		c := schema.TextContent(standIn(call, known, body, b.IsError, -1))
+		if len(body) < maxStandInArg {
+			return b
+		}
+		// The call is right before its result in the request: the short
+		// form need not name it again.
+		c := schema.TextContent(shortStandIn(body, b.IsError))
 		if len(c.Text) >= len(body) {
 			return b
 		}

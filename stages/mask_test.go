@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ctxpipe/ctxpipe/llm"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/tokens"
 )
@@ -127,7 +128,7 @@ func TestPlanMask(t *testing.T) {
 
 // maskProfile masks, keeping the last result, in a 10,000-token window:
 // the threshold is 7,500 tokens (75 %), 8,900 are allowed, and masking
-// alone must bring an automatic reduction to 3,750 (MaskTargetFraction).
+// alone must bring an automatic reduction to 1,875 (MaskStopFraction).
 func maskProfile(strategy schema.Strategy, auto bool) schema.Profile {
 	return schema.Profile{ID: "m", ContextWindow: 10000, MaxTokens: 100, AutoCondense: &auto, Strategy: strategy,
 		MinGainTokens: intp(0), Mask: schema.MaskSettings{Enabled: true, KeepLast: intp(1)}}
@@ -242,5 +243,12 @@ func TestMaskingWaitsForResults(t *testing.T) {
 	}
 	if evs := appendAll(t, c, turns[len(turns)-1:]); len(evs) == 0 {
 		t.Fatal("no reduction once the result arrived")
+	}
+}
+
+// The condensers recognize stand-ins by their prefix.
+func TestMaskPrefixKnownToTheCondensers(t *testing.T) {
+	if MaskPrefix != llm.MaskedPrefix {
+		t.Fatalf("stages.MaskPrefix %q, llm.MaskedPrefix %q", MaskPrefix, llm.MaskedPrefix)
 	}
 }
