@@ -299,6 +299,7 @@ func TestBrowser(t *testing.T) {
 	poll(t, ctx, "the NATS-down banner", `!document.getElementById("nats-banner").hidden
 		&& /NATS is unreachable/.test(document.getElementById("nats-banner").textContent)
 		&& document.getElementById("condense").disabled
+		&& document.getElementById("live").dataset.state === "nats-down"
 		&& document.querySelectorAll("#history li.msg").length === 6`)
 }
 

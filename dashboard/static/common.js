@@ -117,12 +117,23 @@ class Live {
   }
 }
 
+// The badge says whether the page is live: its event stream open and the
+// dashboard's NATS connection up (the stream stays open while NATS is down,
+// but then nothing new can come).
+const badge = {stream: "connecting", nats: "connected"};
+
 function setLiveBadge(state) {
+  badge.stream = state;
+  drawBadge();
+}
+
+function drawBadge() {
   const b = document.getElementById("live");
   if (!b) return;
-  b.dataset.state = state;
-  b.textContent = state === "live" ? "● live" : state === "reconnecting" ? "○ reconnecting…" : "○ offline";
-  b.classList.toggle("off", state !== "live");
+  const st = badge.nats !== "connected" ? "nats-down" : badge.stream;
+  b.dataset.state = st;
+  b.textContent = {live: "● live", reconnecting: "○ reconnecting…", "nats-down": "○ NATS down", connecting: "○ connecting…"}[st] || "○ offline";
+  b.classList.toggle("off", st !== "live");
 }
 
 function setBanner(id, text, error) {
@@ -134,6 +145,8 @@ function setBanner(id, text, error) {
 }
 
 function natsBanner(s) {
+  badge.nats = s;
+  drawBadge();
   setBanner("nats-banner", s === "connected" ? "" :
     `NATS is unreachable (${s}). Showing what the store holds; live updates and the buttons wait for NATS to come back.`, true);
 }
