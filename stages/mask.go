@@ -329,11 +329,13 @@ func clipInput(in json.RawMessage) json.RawMessage {
 		first = clipLine(first, maxRequestValue)
 		obj[k] = fmt.Sprintf("%s [ctxpipe left out %d more characters, %d lines]", first, len(s)-len(first), strings.Count(s, "\n"))
 	}
-	out, err := json.Marshal(obj)
-	if err != nil {
+	var out strings.Builder
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false) // commands are full of <, > and &
+	if enc.Encode(obj) != nil {
 		return in
 	}
-	return out
+	return json.RawMessage(strings.TrimSuffix(out.String(), "\n"))
 }
 
 // maskRequest returns copies of a summarizer request's messages with every

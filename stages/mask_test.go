@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"reflect"
 	"strings"
@@ -250,5 +251,41 @@ func TestMaskingWaitsForResults(t *testing.T) {
 func TestMaskPrefixKnownToTheCondensers(t *testing.T) {
 	if MaskPrefix != llm.MaskedPrefix {
 		t.Fatalf("stages.MaskPrefix %q, llm.MaskedPrefix %q", MaskPrefix, llm.MaskedPrefix)
+	}
+}
+
+// The summarizer of a masking profile reads every tool result as a short
+// stand-in (the call is right before it) and long tool inputs clipped to
+// their first line; the stored history is untouched.
+func TestMaskRequest(t *testing.T) {
+	heredoc := `{"command":"cat <<'EOF' > /testbed/repro.py\n` + strings.Repeat("print(1)\\n", 100) + `EOF"}`
+	full := standIn(toolUse("c0", "bash", `{"command":"make"}`), true, "ok\nmake: *** [all] Error 2\n", false, 12)
+	h := []schema.Message{
+		textMsg(0, "task"),
+		{Turn: schema.Turn{ID: msgID(1), Role: schema.RoleAssistant, Content: schema.BlockContent(
+			toolUse("c0", "bash", `{"command":"make"}`), toolUse("c1", "bash", heredoc), toolUse("c2", "bash", `{"command":"ls"}`))}},
+		{Turn: schema.Turn{ID: msgID(2), Role: schema.RoleUser, Content: schema.BlockContent(
+			toolResult("c0", full), toolResult("c1", strings.Repeat("x\n", 300)+"FAILED: boom"), toolResult("c2", "a.go"))}},
+	}
+	got := maskRequest(h, h)
+	if reflect.DeepEqual(got, h) || !reflect.DeepEqual(h[2].Content.Blocks[0].Content.Text, full) {
+		t.Fatal("maskRequest changed nothing, or changed the stored history")
+	}
+	in := string(got[1].Content.Blocks[1].Input)
+	if !strings.Contains(in, `cat <<'EOF' > /testbed/repro.py [ctxpipe left out`) || len(in) > 300 || !json.Valid([]byte(in)) {
+		t.Errorf("clipped input %s", in)
+	}
+	if s := string(got[1].Content.Blocks[0].Input); s != `{"command":"make"}` {
+		t.Errorf("short input changed: %s", s)
+	}
+	want := []string{
+		MaskPrefix + "2 lines; last error: make: *** [all] Error 2. Run the call again to see it.]",
+		MaskPrefix + "301 lines; last error: FAILED: boom. Run the call again to see it.]",
+		"a.go",
+	}
+	for i, w := range want {
+		if g := got[2].Content.Blocks[i].Content.Text; g != w {
+			t.Errorf("result %d = %q, want %q", i, g, w)
+		}
 	}
 }
