@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/client"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -38,6 +39,13 @@ func runFollow(ctx context.Context, c *cli, args []string) error {
 		if err := requireConv(*conv); err != nil {
 			return err
 		}
+		if *since > 0 {
+			return usagef("--since needs CTX_EVENTS: leave out --conv (the service's account only), or use --all")
+		}
+		// One conversation: through the service (live events, and with
+		// --all its stored ones first), which works from a tenant's
+		// account too, where CTX_EVENTS cannot be read.
+		return followConv(ctx, c, *conv, *all, *asJSON)
 	}
 	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{eventFilter(*conv)},
@@ -86,6 +94,39 @@ func runFollow(ctx context.Context, c *cli, args []string) error {
 	}
 }
 
+// followConv prints conv's events as they happen (after its stored ones
+// with all), until interrupted.
+func followConv(ctx context.Context, c *cli, conv string, all, asJSON bool) error {
+	cl, done, err := c.client()
+	if err != nil {
+		return err
+	}
+	defer done()
+	var opts []client.EventsOption
+	if all {
+		opts = append(opts, client.Replay(0))
+	}
+	gctx, cancel := c.guard(ctx)
+	defer cancel()
+	stream, err := cl.Events(gctx, conv, opts...)
+	if err != nil {
+		return fmt.Errorf("follow %s: %w", conv, c.refused(err))
+	}
+	defer stream.Close()
+	for ev := range stream.C() {
+		if err := printDecoded(c, ev, asJSON); err != nil {
+			return err
+		}
+	}
+	if p := c.permission(); p != nil {
+		return fmt.Errorf("follow: %w", p)
+	}
+	if err := stream.Err(); err != nil && ctx.Err() == nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("follow: %w", err)
+	}
+	return nil
+}
+
 func runReplay(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags()
 	conv := fs.String("conv", "", "conversation id (required)")
@@ -93,63 +134,47 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 	if err := parseConv(fs, args, conv); err != nil {
 		return err
 	}
-	nc, js, err := c.connect()
+	cl, done, err := c.client()
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
+	defer done()
 	gctx, cancel := c.guard(ctx)
 	defer cancel()
-	n, err := replay(gctx, js, eventFilter(*conv), func(data []byte) { printEvent(c, data, *asJSON) })
-	if err != nil {
-		return c.refused(err)
+	n := 0
+	for ev, err := range cl.StoredEvents(gctx, *conv, 0) {
+		if err != nil {
+			return queryFailed(c.refused(err))
+		}
+		if err := printDecoded(c, ev, *asJSON); err != nil {
+			return err
+		}
+		n++
 	}
 	fmt.Fprintf(c.stderr, "%s: %d events\n", *conv, n)
 	return nil
 }
 
-// replay calls fn with every stored event matching filter, oldest first,
-// and returns once it has seen the last one that existed when it started.
-func replay(ctx context.Context, js jetstream.JetStream, filter string, fn func([]byte)) (int, error) {
-	cons, err := js.OrderedConsumer(ctx, bus.StreamEvents, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{filter},
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-	})
-	if err != nil {
-		return 0, fmt.Errorf("replay %s: %w", bus.StreamEvents, err)
-	}
-	info := cons.CachedInfo()
-	if info == nil || info.NumPending == 0 {
-		return 0, nil
-	}
-	n := 0
-	for {
-		// The wait bounds a stalled server, not the replay: each fetch
-		// returns as soon as messages are there.
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(30*time.Second))
+// storedEvents is every stored event of conv, oldest first, read through
+// the service (ctx.q.events), which answers from any account.
+func storedEvents(ctx context.Context, cl *client.Client, conv string) ([]schema.Event, error) {
+	var evs []schema.Event
+	for ev, err := range cl.StoredEvents(ctx, conv, 0) {
 		if err != nil {
-			return n, fmt.Errorf("replay: %w", err)
+			return nil, err
 		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			n++
-			fn(m.Data())
-			md, err := m.Metadata()
-			if err == nil && md.NumPending == 0 {
-				return n, nil
-			}
-		}
-		if err := batch.Error(); err != nil {
-			return n, fmt.Errorf("replay: %w", err)
-		}
-		if got == 0 {
-			return n, fmt.Errorf("replay: no events within 30s, %d of %d+ read", n, info.NumPending)
-		}
-		if ctx.Err() != nil {
-			return n, ctx.Err()
-		}
+		evs = append(evs, ev)
 	}
+	return evs, nil
+}
+
+func printDecoded(c *cli, ev schema.Event, asJSON bool) error {
+	data, err := schema.Marshal(ev)
+	if err != nil {
+		return fmt.Errorf("encode event: %w", err)
+	}
+	printEvent(c, data, asJSON)
+	return nil
 }
 
 func printEvent(c *cli, data []byte, asJSON bool) {

@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"sort"
@@ -214,6 +215,11 @@ func (c *cli) connect(opts ...jetstream.JetStreamOpt) (*nats.Conn, jetstream.Jet
 	cfg := c.conn
 	if cfg.Name == "" {
 		cfg.Name = "ctxpipe-publisher-" + c.name
+	}
+	if cfg.Log == nil {
+		// A command line tool: connection notices only when something is
+		// wrong, on the command's own stderr.
+		cfg.Log = slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	nc, err := bus.Connect(cfg, nats.MaxReconnects(5),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {

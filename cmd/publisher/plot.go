@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ctxpipe/ctxpipe/client"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -23,7 +24,7 @@ func runPlot(ctx context.Context, c *cli, args []string) error {
 	if err := parseConv(fs, args, conv); err != nil {
 		return err
 	}
-	nc, js, err := c.connect()
+	nc, _, err := c.connect()
 	if err != nil {
 		return err
 	}
@@ -36,15 +37,15 @@ func runPlot(ctx context.Context, c *cli, args []string) error {
 	if err := query(ctx, nc, schema.SubjectStatus, schema.StatusRequest{ConversationID: *conv}, 10*time.Second, &st); err != nil {
 		return err
 	}
-	var evs []schema.Event
+	cl, err := client.New(nc)
+	if err != nil {
+		return err
+	}
 	gctx, cancel := c.guard(ctx)
 	defer cancel()
-	if _, err := replay(gctx, js, eventFilter(*conv), func(data []byte) {
-		if e, err := schema.DecodeEvent(data); err == nil {
-			evs = append(evs, e)
-		}
-	}); err != nil {
-		return err
+	evs, err := storedEvents(gctx, cl, *conv)
+	if err != nil {
+		return queryFailed(c.refused(err))
 	}
 	w := c.stdout
 	if *out != "" {
