@@ -9,6 +9,7 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/internal/transcripts"
 	"github.com/ctxpipe/ctxpipe/llm"
+	"github.com/ctxpipe/ctxpipe/schema"
 )
 
 const transcriptDir = "../../../shared/data/transcripts"
@@ -95,6 +96,31 @@ func TestReplayRealRuns(t *testing.T) {
 		if row.Name == "keep_tail" && (s.SummarizerCalls == 0 || s.SummarizerTokens <= 0) {
 			t.Errorf("keep_tail: %d summarizer calls, %d tokens", s.SummarizerCalls, s.SummarizerTokens)
 		}
+	}
+
+	// Issue 13: what must survive does in every row, no tool result goes
+	// missing, masking rows mask, and masking first halves what the
+	// summarizer reads.
+	stats := map[string]Stats{}
+	for ri, row := range rows {
+		stats[row.Name] = Summarize(row.Name, runs[ri])
+		for _, run := range runs[ri] {
+			if len(run.MissingToolResults) > 0 {
+				t.Errorf("%s/%s: tool results missing %v", row.Name, run.Transcript, run.MissingToolResults)
+			}
+			for _, r := range run.Reductions {
+				if !r.TaskVerbatim || !r.LatestVerbatim {
+					t.Errorf("%s/%s turn %d: task verbatim %v, latest instruction verbatim %v", row.Name, run.Transcript, r.Turn, r.TaskVerbatim, r.LatestVerbatim)
+				}
+			}
+		}
+	}
+	if s := stats["mask only"]; s.SummarizerCalls != 0 || s.Events[string(schema.EventToolResultsMasked)] == 0 {
+		t.Errorf("mask only: %d summarizer calls, events %v", s.SummarizerCalls, s.Events)
+	}
+	mk, kt := stats["mask then keep_tail"], stats["keep_tail"]
+	if mk.Events[string(schema.EventToolResultsMasked)] == 0 || mk.SummarizerTokens*10 > kt.SummarizerTokens*6 {
+		t.Errorf("mask then keep_tail: %d summarizer tokens (keep_tail %d), events %v", mk.SummarizerTokens, kt.SummarizerTokens, mk.Events)
 	}
 
 	// The parallel result is the serial one: no figure depends on scheduling.
