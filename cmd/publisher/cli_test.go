@@ -507,6 +507,7 @@ func TestFollow(t *testing.T) {
 	}{
 		{"new events of one conversation", []string{"--conv", "task-1"}, []string{"task-1 condense_context 300→100"}, "old"},
 		{"all events, json", []string{"--all", "--json"}, []string{`"conversation_id":"old"`, `"conversation_id":"task-1"`}, ""},
+		{"new events of every conversation", []string{"--json"}, []string{`"conversation_id":"task-1"`}, `"conversation_id":"old"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -522,7 +523,7 @@ func TestFollow(t *testing.T) {
 			go func() {
 				done <- run(ctx, append([]string{"follow", "--nats-url", e.url}, tt.args...), &out, &errb)
 			}()
-			if strings.HasPrefix(tt.args[0], "--conv") {
+			if tt.args[0] != "--all" {
 				// One conversation follows through a core subscription
 				// (the service's path, open to tenants): publish until
 				// the subscription, which has no trace in the stream,

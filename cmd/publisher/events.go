@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
@@ -46,6 +47,11 @@ func runFollow(ctx context.Context, c *cli, args []string) error {
 		// --all its stored ones first), which works from a tenant's
 		// account too, where CTX_EVENTS cannot be read.
 		return followConv(ctx, c, *conv, *all, *asJSON)
+	}
+	if !*all && *since == 0 {
+		// New events of every conversation the user may see: a plain
+		// subscription, which a tenant's UI user has too.
+		return followLive(ctx, c, *asJSON)
 	}
 	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{eventFilter(*conv)},
@@ -91,6 +97,37 @@ func runFollow(ctx context.Context, c *cli, args []string) error {
 			return fmt.Errorf("follow: %w", err)
 		}
 		printEvent(c, m.Data(), *asJSON)
+	}
+}
+
+// followLive prints every event published from now on, until interrupted.
+func followLive(ctx context.Context, c *cli, asJSON bool) error {
+	nc, _, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	msgs := make(chan *nats.Msg, 1024)
+	sub, err := nc.ChanSubscribe(bus.EventSubjects, msgs)
+	if err != nil {
+		return fmt.Errorf("follow: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		return fmt.Errorf("follow: %w", err)
+	}
+	gctx, cancel := c.guard(ctx)
+	defer cancel()
+	for {
+		select {
+		case m := <-msgs:
+			printEvent(c, m.Data, asJSON)
+		case <-gctx.Done():
+			if p := c.permission(); p != nil {
+				return fmt.Errorf("follow: %w", p)
+			}
+			return nil // interrupted: a normal end of follow
+		}
 	}
 }
 
