@@ -166,6 +166,32 @@ type e2eWaiter struct {
 	wg       sync.WaitGroup
 	mu       sync.Mutex
 	res      e2eResult
+	// seqs holds each conversation's highest history seq seen, so that
+	// every wait reads only what was appended since (any earlier seq is
+	// as good: the reply is then just longer).
+	seqs sync.Map
+}
+
+// ready waits until input id of conv is readable, reading incrementally.
+func (e *e2eWaiter) ready(conv, id string, timeout time.Duration) error {
+	var after int64
+	if v, ok := e.seqs.Load(conv); ok {
+		after = v.(int64)
+	}
+	req := schema.HistoryRequest{ConversationID: conv, View: schema.ViewEffective, WaitFor: id,
+		TimeoutMS: min(timeout, schema.MaxQueryTimeout).Milliseconds(), After: after}
+	var reply struct {
+		Seq int64 `json:"seq"`
+	}
+	if err := query(e.ctx, e.nc, schema.SubjectHistory, req, timeout+5*time.Second, &reply); err != nil {
+		return err
+	}
+	for {
+		v, loaded := e.seqs.LoadOrStore(conv, reply.Seq)
+		if !loaded || v.(int64) >= reply.Seq || e.seqs.CompareAndSwap(conv, v, reply.Seq) {
+			return nil
+		}
+	}
 }
 
 type e2eResult struct {
@@ -191,7 +217,7 @@ func (e *e2eWaiter) start(conv, id string, sent time.Time, last bool) {
 				err = fmt.Errorf("%s: not readable in time", conv)
 				break
 			}
-			err = historyReady(e.ctx, e.nc, conv, id, min(left, schema.MaxQueryTimeout))
+			err = e.ready(conv, id, min(left, schema.MaxQueryTimeout))
 			// timeout and not_found mean "not applied yet": the service is
 			// behind, so ask again until our own deadline.
 			var qe *schema.QueryErrorBody
