@@ -289,3 +289,26 @@ func TestMaskRequest(t *testing.T) {
 		}
 	}
 }
+
+// A truncation marker names the files the hidden messages touched and
+// their last error lines, so a truncation does not drop them unseen.
+func TestTruncationMarkerCarriesFacts(t *testing.T) {
+	h := historyOf(t, agentTurns(6, 40))
+	tr, ok := PlanTruncation(h, 0.5, "t1", charCount)
+	if !ok {
+		t.Fatal("nothing truncated")
+	}
+	var marker schema.Message
+	for _, m := range tr.History {
+		if m.IsTruncationMarker {
+			marker = m
+		}
+	}
+	want := TruncationMarkerText(tr.Removed) +
+		"\nFiles the hidden messages touched: src/file0.go (read), pkg1/ (read), src/file2.go (read)" +
+		"\nAn error in the hidden messages: FAILED TestX1: ValueError: bad 1" +
+		"\nAn error in the hidden messages: FAILED TestX2: ValueError: bad 2"
+	if marker.Content.Text != want || marker.Tokens != charCount(marker.Content) {
+		t.Fatalf("marker %q (%d tokens), want %q", marker.Content.Text, marker.Tokens, want)
+	}
+}

@@ -2,6 +2,10 @@ package stages
 
 import (
 	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/ctxpipe/ctxpipe/llm"
 
 	"github.com/ctxpipe/ctxpipe/schema"
 )
@@ -12,6 +16,52 @@ const TruncateFraction = 0.5
 // TruncationMarkerText is the marker's content for n hidden messages.
 func TruncationMarkerText(n int) string {
 	return fmt.Sprintf("[Sliding window truncation: %d messages hidden to reduce context]", n)
+}
+
+// Bounds on what a marker carries of the messages it hides.
+const (
+	maxMarkerFilesChars = 2000
+	markerErrors        = 2
+)
+
+// hiddenFacts is what a truncation marker says of the messages it hides,
+// mechanically and briefly, so that a truncation does not drop them
+// unseen: the files their tool calls touched and the last error lines of
+// their tool results ("" when there are none). Each line is bounded.
+func hiddenFacts(msgs []schema.Message) string {
+	var b strings.Builder
+	if files := llm.FilesTouched(msgs); len(files) > 0 {
+		var line strings.Builder
+		line.WriteString("\nFiles the hidden messages touched:")
+		for i, f := range files {
+			item := " " + f.Path + " (" + f.How + ")"
+			if i > 0 {
+				item = "," + item
+			}
+			if line.Len()+len(item) > maxMarkerFilesChars {
+				fmt.Fprintf(&line, " and %d more", len(files)-i)
+				break
+			}
+			line.WriteString(item)
+		}
+		b.WriteString(line.String())
+	}
+	var errs []string
+	for i := len(msgs) - 1; i >= 0 && len(errs) < markerErrors; i-- {
+		blocks := msgs[i].Content.BlocksOf()
+		for j := len(blocks) - 1; j >= 0 && len(errs) < markerErrors; j-- {
+			if blocks[j].Type != schema.BlockToolResult || blocks[j].Content == nil {
+				continue
+			}
+			if l := llm.LastErrorLine(contentText(*blocks[j].Content)); l != "" && !slices.Contains(errs, l) {
+				errs = append(errs, l)
+			}
+		}
+	}
+	for k := len(errs) - 1; k >= 0; k-- {
+		b.WriteString("\nAn error in the hidden messages: " + errs[k])
+	}
+	return b.String()
 }
 
 // Truncation is a planned sliding-window truncation.
@@ -107,7 +157,13 @@ func PlanTruncationKeeping(msgs []schema.Message, frac float64, truncID string, 
 		}
 	}
 	n = len(hide)
-	text := schema.TextContent(TruncationMarkerText(n))
+	var hiddenMsgs []schema.Message
+	for i := range eff {
+		if hide[eff[i].ID] {
+			hiddenMsgs = append(hiddenMsgs, eff[i])
+		}
+	}
+	text := schema.TextContent(TruncationMarkerText(n) + hiddenFacts(hiddenMsgs))
 	marker := schema.Message{
 		Turn: schema.Turn{
 			ID:             DeriveID(truncID, "marker"),

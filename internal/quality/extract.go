@@ -8,6 +8,7 @@ import (
 	"unicode"
 
 	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/stages"
 )
 
 // Facts are what a reduction must not lose, pulled mechanically out of a
@@ -233,10 +234,23 @@ var boilerplate = map[string]bool{
 	"The above exception was the direct cause of the following exception:": true,
 }
 
+// standInError finds the error line a stand-in quotes.
+var standInError = regexp.MustCompile(`; last error: (.*)\. Run the call again to see it\.\]$`)
+
 // ErrorLines returns the normalized lines of a tool output that report an
 // error, in order: lines matching errorLine that are neither source code
 // nor traceback boilerplate.
+//
+// A masked stand-in (stages.MaskPrefix) is one line that names the call and
+// quotes the last error line of the output it replaced: that quoted line is
+// its error line, not the stand-in itself.
 func ErrorLines(out string) []string {
+	if strings.HasPrefix(out, stages.MaskPrefix) {
+		if m := standInError.FindStringSubmatch(out); m != nil {
+			return []string{Normalize(m[1])}
+		}
+		return nil
+	}
 	var lines []string
 	for _, l := range strings.Split(out, "\n") {
 		if !errorLine.MatchString(l) {

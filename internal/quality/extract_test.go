@@ -2,10 +2,12 @@ package quality
 
 import (
 	"encoding/json"
+	"reflect"
 	"slices"
 	"testing"
 
 	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/stages"
 )
 
 // Builders for hand-made histories.
@@ -144,5 +146,21 @@ func TestExtract(t *testing.T) {
 	}
 	if got := lastErrorLine(span); got != "TypeError: y" {
 		t.Fatalf("last error line %q", got)
+	}
+}
+
+// A stand-in's error line is the one it quotes; one that quotes none has none.
+func TestErrorLinesOfStandIns(t *testing.T) {
+	tests := []struct {
+		out  string
+		want []string
+	}{
+		{stages.MaskPrefix + `bash command="make"; 90 tokens, 4 lines hidden; last error: make: *** [all]  Error 2. Run the call again to see it.]`, []string{"make: *** [all] Error 2"}},
+		{stages.MaskPrefix + `read_file path="a.go"; 90 tokens, 4 lines hidden; it reported an error. Run the call again to see it.]`, nil},
+	}
+	for _, tt := range tests {
+		if got := ErrorLines(tt.out); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("ErrorLines(%q) = %q, want %q", tt.out, got, tt.want)
+		}
 	}
 }
