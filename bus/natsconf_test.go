@@ -437,6 +437,7 @@ func TestNATSConfPermissions(t *testing.T) {
 
 			agent.refused(t, "ctx.in.c1.condense", agent.jsPublish(tn, "ctx.in.c1.condense"))
 			agent.refused(t, "ctx.in.c1.rewind", agent.jsPublish(tn, "ctx.in.c1.rewind"))
+			agent.refused(t, "ctx.in.c1.pin", agent.jsPublish(tn, "ctx.in.c1.pin"))
 			agent.refused(t, "ctx.in."+ot+".c1.turn", agent.jsPublish(tn, "ctx.in."+ot+".c1.turn"))
 			agent.refused(t, "ctx.q."+ot+".history", func(ctx context.Context) error {
 				_, err := agent.nc.RequestWithContext(ctx, "ctx.q."+ot+".history", []byte(`{}`))
@@ -459,7 +460,7 @@ func TestNATSConfPermissions(t *testing.T) {
 
 		ui := uis[tn]
 		t.Run(tn+"-ui", func(t *testing.T) {
-			for _, kind := range []string{"condense", "rewind"} {
+			for _, kind := range []string{"condense", "rewind", "pin"} {
 				subj := "ctx.in.c1." + kind
 				if ack := ui.publishOK(t, ctx, tn, subj, uuid.NewString()); ack.Stream != bus.StreamIn {
 					t.Fatalf("%s: ack %+v", kind, ack)
