@@ -108,8 +108,16 @@ func TestEnsureKeepsOperatorSettings(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := kv.Put(ctx, "p", []byte("{}")); err != nil {
-				t.Fatalf("bucket not usable: %v", err)
+			// A bucket the operator just made may still be electing its
+			// leader: usable means usable within a few seconds.
+			for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				_, err := kv.Put(ctx, "p", []byte("{}"))
+				if err == nil {
+					break
+				}
+				if !Transient(err) || time.Now().After(deadline) {
+					t.Fatalf("bucket not usable: %v", err)
+				}
 			}
 			for _, s := range []struct {
 				name string

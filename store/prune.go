@@ -113,6 +113,9 @@ func RunPruner(ctx context.Context, s *Store, every, retention time.Duration, lo
 		res, err := s.Prune(ctx, PruneOptions{PublishedEventsBefore: cutoff, RejectionsBefore: cutoff})
 		switch {
 		case ctx.Err() != nil:
+			if res.OutboxRows > 0 || res.RejectedPayloads > 0 {
+				log.Info("pruned before stopping", "outbox_rows", res.OutboxRows, "rejected_payloads", res.RejectedPayloads)
+			}
 			return
 		case errors.Is(err, ErrClosed):
 			log.Info("pruner stopped: store closed")
