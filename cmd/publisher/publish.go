@@ -296,13 +296,6 @@ func (p *publisher) await(ctx context.Context, f inflight) (*jetstream.PubAck, e
 	return nil, err
 }
 
-// historyReady waits until input id of conv is readable, without decoding
-// the history: a load run measures the service, not its own JSON decoding.
-func historyReady(ctx context.Context, nc *nats.Conn, conv, id string, timeout time.Duration) error {
-	req := schema.HistoryRequest{ConversationID: conv, View: schema.ViewEffective, WaitFor: id,
-		TimeoutMS: min(timeout, schema.MaxQueryTimeout).Milliseconds()}
-	return query(ctx, nc, schema.SubjectHistory, req, timeout+5*time.Second, nil)
-}
 
 // query sends a request and decodes the reply (into reply, unless nil); a reply {"error":…} comes
 // back wrapped in errQueryFailed.
