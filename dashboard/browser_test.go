@@ -86,6 +86,24 @@ func eval[T any](t *testing.T, ctx context.Context, expr string) T {
 	return v
 }
 
+// click clicks the element sel selects. A live page may replace the
+// element between the lookup and the click (a refresh re-renders it):
+// then the click is tried again on the new one.
+func click(t *testing.T, ctx context.Context, what, sel string) {
+	t.Helper()
+	var err error
+	for range 10 {
+		if err = chromedp.Do(ctx, chromedp.Click(chromedp.CSS(sel))); err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "node") {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: %v", what, err)
+}
+
 func do(t *testing.T, ctx context.Context, what string, actions ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
 	if err := chromedp.Do(ctx, actions...); err != nil {
@@ -186,7 +204,7 @@ func TestBrowser(t *testing.T) {
 	}
 
 	// Expand the newest summary.
-	do(t, ctx, "expand a summary", chromedp.Click(chromedp.CSS(`#timeline li.condense_context details.summary > summary`)))
+	click(t, ctx, "expand a summary", `#timeline li.condense_context details.summary > summary`)
 	poll(t, ctx, "the summary text", `(() => { const d = document.querySelector("#timeline li.condense_context details.summary");
 		return d.open && d.querySelector(".summary-text").offsetHeight > 0 && d.querySelector(".summary-text").textContent.length > 100; })()`)
 
@@ -213,7 +231,7 @@ func TestBrowser(t *testing.T) {
 
 	// Condense now: its event appears, and the request says how it went.
 	before := eval[int](t, ctx, `document.querySelectorAll("#timeline li.condense_context, #timeline li.condense_failed").length`)
-	do(t, ctx, "press condense", chromedp.Click(chromedp.ID("condense")))
+	click(t, ctx, "press condense", "#condense")
 	poll(t, ctx, "the manual condense's event", fmt.Sprintf(
 		`document.querySelectorAll("#timeline li.condense_context, #timeline li.condense_failed").length === %d
 		 && /Condense: (condensed|failed)/.test(document.getElementById("request-status").textContent)`, before+1))
@@ -233,14 +251,14 @@ func TestBrowser(t *testing.T) {
 		t.Fatalf("turn %s is not hidden under a summary", target.ID)
 	}
 	for _, g := range groups {
-		do(t, ctx, "open a hidden group", chromedp.Click(chromedp.CSS(fmt.Sprintf(`details[data-group="%s"] > summary`, g))))
+		click(t, ctx, "open a hidden group", fmt.Sprintf(`details[data-group="%s"] > summary`, g))
 	}
 	// The button sits in nested <details>; chromedp's mouse click, aimed
 	// at coordinates, misses it there in this Chromium, so the click is
 	// the element's own (the same handler a person's click runs).
 	eval[bool](t, ctx, fmt.Sprintf(`document.querySelector('#history li.msg[data-id="%s"] button.rewind').click(); true`, target.ID))
 	poll(t, ctx, "the confirmation", `!document.getElementById("confirm").hidden`)
-	do(t, ctx, "confirm", chromedp.Click(chromedp.ID("confirm-ok")))
+	click(t, ctx, "confirm", "#confirm-ok")
 	poll(t, ctx, "the rewind's result", `document.querySelector("#timeline li.rewind") !== null
 		&& /Rewind: \d+ messages removed, [1-9]\d* restored/.test(document.getElementById("request-status").textContent)
 		&& document.querySelectorAll("#history li.msg").length === 6
@@ -275,16 +293,16 @@ func TestBrowser(t *testing.T) {
 	do(t, ctx, "open the conversations page", chromedp.Navigate(base+"/"))
 	poll(t, ctx, "the new rows", `document.querySelector('#convs tr[data-key="alpha"]') && document.querySelector('#convs tr[data-key="zeta"]')`)
 	ids := `[...document.querySelectorAll("#convs tbody tr td.id")].map((td) => td.textContent)`
-	do(t, ctx, "sort by conversation", chromedp.Click(chromedp.CSS(`#convs th[data-sort="id"]`)))
+	click(t, ctx, "sort by conversation", `#convs th[data-sort="id"]`)
 	if got := eval[[]string](t, ctx, ids); !slices.IsSorted(got) || len(got) < 3 {
 		t.Fatalf("sorted by conversation: %v", got)
 	}
-	do(t, ctx, "sort by conversation, descending", chromedp.Click(chromedp.CSS(`#convs th[data-sort="id"]`)))
+	click(t, ctx, "sort by conversation, descending", `#convs th[data-sort="id"]`)
 	got := eval[[]string](t, ctx, ids)
 	if slices.Reverse(got); !slices.IsSorted(got) {
 		t.Fatalf("sorted by conversation, descending: %v", got)
 	}
-	do(t, ctx, "sort by messages", chromedp.Click(chromedp.CSS(`#convs th[data-sort="messages"]`)))
+	click(t, ctx, "sort by messages", `#convs th[data-sort="messages"]`)
 	counts := eval[[]string](t, ctx, `[...document.querySelectorAll("#convs tbody tr")].map((tr) => tr.dataset.key)`)
 	if counts[0] != "alpha" {
 		t.Fatalf("sorted by messages, ascending: %v", counts)
@@ -293,14 +311,18 @@ func TestBrowser(t *testing.T) {
 	poll(t, ctx, "the conversation page", `document.querySelectorAll("#history li.msg").length === 6`)
 
 	// NATS goes away: the page says so, keeps what the store shows, and
-	// disables the button that would need it.
-	e.svc.NATS.Shutdown()
-	e.svc.NATS.WaitForShutdown()
+	// disables the button that would need it; it comes back: so does the
+	// page.
+	e.px.down()
 	poll(t, ctx, "the NATS-down banner", `!document.getElementById("nats-banner").hidden
 		&& /NATS is unreachable/.test(document.getElementById("nats-banner").textContent)
 		&& document.getElementById("condense").disabled
 		&& document.getElementById("live").dataset.state === "nats-down"
 		&& document.querySelectorAll("#history li.msg").length === 6`)
+	e.px.up()
+	poll(t, ctx, "NATS back", `document.getElementById("nats-banner").hidden
+		&& !document.getElementById("condense").disabled
+		&& document.getElementById("live").dataset.state === "live"`)
 }
 
 // screenshot saves the whole page to docs/name.

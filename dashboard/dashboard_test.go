@@ -253,11 +253,11 @@ func TestEventStreamResumes(t *testing.T) {
 	var snap convReply
 	e.get("/api/conversations/"+conv, &snap)
 	s := e.openSSE(fmt.Sprintf("conv=%s&after=%d&mark=%d", conv, snap.Seq, snap.Mark), "")
-	if ev := s.next(t, 5*time.Second, "nats"); !strings.Contains(ev.Data, `"connected"`) {
+	if ev := s.next(t, 15*time.Second, "nats"); !strings.Contains(ev.Data, `"connected"`) {
 		t.Fatalf("nats: %s", ev.Data)
 	}
 	e.publish(turns[30:31])
-	s.next(t, 5*time.Second, "changed")
+	s.next(t, 15*time.Second, "changed")
 
 	// Three manual condenses: each gives context_managing and an outcome.
 	for range 3 {
@@ -287,7 +287,7 @@ func TestEventStreamResumes(t *testing.T) {
 	// (its after= is older) and the last id seen.
 	again := e.openSSE(fmt.Sprintf("conv=%s&after=%d&mark=%d", conv, snap.Seq, snap.Mark), got[0].ID)
 	for _, want := range got[1:] {
-		ev := again.next(t, 10*time.Second, "ctx")
+		ev := again.next(t, 15*time.Second, "ctx")
 		if ev.ID != want.ID || ev.Data != want.Data {
 			t.Fatalf("after reconnecting: %s %s, want %s %s", ev.ID, ev.Data, want.ID, want.Data)
 		}
@@ -374,30 +374,73 @@ func TestControlGuards(t *testing.T) {
 }
 
 // With NATS down the pages still show the store, say NATS is down, and
-// refuse to send; when it is back the buttons work again.
+// refuse to send; once it is back the stream goes on from where it was and
+// the buttons work again.
 func TestNATSDown(t *testing.T) {
 	e := start(t)
-	e.publish(sampleTurns(t, "down")[:4])
-	s := e.openSSE("conv=down", "")
-	if ev := s.next(t, 5*time.Second, "nats"); !strings.Contains(ev.Data, `"connected"`) {
+	e.publish(sampleTurns(t, "down")[:12])
+	var snap convReply
+	e.get("/api/conversations/down", &snap)
+	s := e.openSSE(fmt.Sprintf("conv=down&after=%d", snap.Seq), "")
+	if ev := s.next(t, 15*time.Second, "nats"); !strings.Contains(ev.Data, `"connected"`) {
 		t.Fatalf("nats: %s", ev.Data)
 	}
-	e.svc.NATS.Shutdown()
-	e.svc.NATS.WaitForShutdown()
-	if ev := s.next(t, 10*time.Second, "nats"); strings.Contains(ev.Data, `"connected"`) {
-		t.Fatalf("nats after shutdown: %s", ev.Data)
+	e.px.down()
+	if ev := s.next(t, 15*time.Second, "nats"); strings.Contains(ev.Data, `"connected"`) {
+		t.Fatalf("nats after the cut: %s", ev.Data)
 	}
 	var list listReply
 	if code := e.get("/api/conversations", &list); code != 200 || len(list.Conversations) != 1 || list.NATS == "connected" {
 		t.Fatalf("list with NATS down: %d %+v", code, list)
 	}
 	var c convReply
-	if code := e.get("/api/conversations/down", &c); code != 200 || len(c.History) != 4 || c.NATS == "connected" {
+	if code := e.get("/api/conversations/down", &c); code != 200 || len(c.History) != 12 || c.NATS == "connected" {
 		t.Fatalf("conversation with NATS down: %d %d messages, nats %q", code, len(c.History), c.NATS)
 	}
 	code, rep := e.post("/api/conversations/down/condense", `{}`, nil)
 	if code != http.StatusServiceUnavailable || !strings.Contains(rep["error"], "NATS") {
 		t.Fatalf("condense with NATS down: %d %v", code, rep)
+	}
+	// Meanwhile the service goes on: an agent's condense is applied.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	missed, err := e.cl.Condense(ctx, "down", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cl.Wait(ctx, "down", missed); err != nil {
+		t.Fatal(err)
+	}
+
+	e.px.up()
+	// Read on until NATS is back, keeping the outcomes that arrive
+	// meanwhile (the state may change more than once on the way).
+	seen := map[string]bool{}
+	outcome := func(ev sseEvent) {
+		switch x := ctxEvent(t, ev).(type) {
+		case *schema.CondenseContext, *schema.CondenseFailed:
+			seen[x.Header().InputID] = true
+		}
+	}
+	for {
+		ev := s.next(t, 15*time.Second, "nats", "ctx")
+		if ev.Event == "ctx" {
+			outcome(ev)
+		} else if strings.Contains(ev.Data, `"connected"`) {
+			break
+		}
+	}
+	code, rep = e.post("/api/conversations/down/condense", `{}`, nil)
+	if code != http.StatusAccepted {
+		t.Fatalf("condense with NATS back: %d %v", code, rep)
+	}
+	// The same stream delivers what was published while it was cut off,
+	// and the new condense's outcome.
+	for !seen[rep["input_id"]] {
+		outcome(s.next(t, 15*time.Second, "ctx"))
+	}
+	if !seen[missed] {
+		t.Fatal("the stream lost the condense applied while the dashboard was cut off")
 	}
 }
 
@@ -418,7 +461,7 @@ func waitFor(t *testing.T, cond func() bool) {
 func TestCloseEndsStreams(t *testing.T) {
 	e := start(t)
 	s := e.openSSE("", "")
-	s.next(t, 5*time.Second, "nats")
+	s.next(t, 15*time.Second, "nats")
 	e.d.Close()
 	timeout := time.After(5 * time.Second)
 	for {

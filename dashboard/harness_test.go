@@ -4,10 +4,14 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,6 +41,7 @@ func demo16k() schema.Profile {
 type env struct {
 	t    *testing.T
 	d    *dashboard.Dashboard
+	px   *proxy // between the dashboard and NATS
 	svc  *clienttest.Service
 	nc   *nats.Conn
 	js   jetstream.JetStream
@@ -51,7 +56,10 @@ func start(t *testing.T) *env {
 	svc := clienttest.New(t, clienttest.WithProfiles(profiles...))
 	// The dashboard's connection stands for the service's: it must survive
 	// the server going away and coming back.
-	nc, err := nats.Connect(svc.URL, nats.Name("dashboard-test"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	// Through a proxy, so a test can cut the dashboard off NATS while the
+	// service goes on (and its clean stop stays checked).
+	px := newProxy(t, svc.URL)
+	nc, err := nats.Connect(px.url, nats.Name("dashboard-test"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +84,7 @@ func start(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	return &env{t: t, d: d, svc: svc, nc: nc, js: js, cl: cl, srv: srv, http: srv.Client()}
+	return &env{t: t, d: d, px: px, svc: svc, nc: nc, js: js, cl: cl, srv: srv, http: srv.Client()}
 }
 
 // sampleTurns reads examples/sample-session.jsonl as conversation conv's
@@ -241,4 +249,75 @@ func ctxEvent(t *testing.T, ev sseEvent) schema.Event {
 		t.Fatalf("event %s: %v", ev.ID, err)
 	}
 	return e
+}
+
+// proxy forwards TCP connections to a NATS server; down cuts every one and
+// refuses new ones (to its clients NATS is gone), up lets them back.
+type proxy struct {
+	url    string
+	target string
+	ln     net.Listener
+	mu     sync.Mutex
+	conns  []net.Conn
+	isDown bool
+}
+
+func newProxy(t *testing.T, natsURL string) *proxy {
+	t.Helper()
+	u, err := url.Parse(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{url: "nats://" + ln.Addr().String(), target: u.Host, ln: ln}
+	t.Cleanup(func() { ln.Close(); p.down() })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go p.serve(in)
+		}
+	}()
+	return p
+}
+
+func (p *proxy) serve(in net.Conn) {
+	p.mu.Lock()
+	if p.isDown {
+		p.mu.Unlock()
+		in.Close()
+		return
+	}
+	out, err := net.Dial("tcp", p.target)
+	if err != nil {
+		p.mu.Unlock()
+		in.Close()
+		return
+	}
+	p.conns = append(p.conns, in, out)
+	p.mu.Unlock()
+	go func() { _, _ = io.Copy(out, in); out.Close() }()
+	_, _ = io.Copy(in, out)
+	in.Close()
+}
+
+func (p *proxy) down() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.isDown = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+func (p *proxy) up() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.isDown = false
 }

@@ -88,8 +88,33 @@ func (h *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprint(w, "retry: 1000\n\n")
 	flusher.Flush()
 
-	msgs := make(chan jetstream.Msg)
-	go h.follow(ctx, filter, start, msgs)
+	if start == 0 {
+		// A concrete position, so that following again after the
+		// connection comes back misses nothing published meanwhile.
+		if st, err := h.d.JS.Stream(ctx, bus.StreamEvents); err == nil {
+			start = st.CachedInfo().State.LastSeq + 1
+		}
+	}
+	// sent is the sequence of the last event sent. The follower is started
+	// again from sent+1 whenever NATS comes back: the ordered consumer
+	// recovers by itself, but what reached the client while the link was
+	// going down can be lost with the old consumer.
+	var sent uint64
+	var msgs chan jetstream.Msg
+	var stopFollow context.CancelFunc = func() {}
+	follow := func() {
+		stopFollow()
+		var fctx context.Context
+		fctx, stopFollow = context.WithCancel(ctx)
+		msgs = make(chan jetstream.Msg)
+		from := start
+		if sent > 0 {
+			from = sent + 1
+		}
+		go h.follow(fctx, filter, from, msgs)
+	}
+	follow()
+	defer func() { stopFollow() }()
 
 	convMark := func() string { return "" }
 	if key != "" {
@@ -126,6 +151,9 @@ func (h *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 	}
 	check := func() bool {
 		if s := natsState(h.d.JS.Conn()); s != nats {
+			if s == "connected" && nats != "" {
+				follow()
+			}
 			nats = s
 			b, _ := json.Marshal(map[string]string{"nats": s})
 			if !send("nats", "", b) {
@@ -154,10 +182,11 @@ func (h *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 			return
 		case m := <-msgs:
 			md, err := m.Metadata()
-			if err != nil {
-				continue
+			if err != nil || md.Sequence.Stream <= sent {
+				continue // sent already, by the follower before this one
 			}
-			if !send("ctx", strconv.FormatUint(md.Sequence.Stream, 10), m.Data()) {
+			sent = md.Sequence.Stream
+			if !send("ctx", strconv.FormatUint(sent, 10), m.Data()) {
 				return
 			}
 		case <-poll.C:

@@ -194,8 +194,12 @@ function renderTimeline() {
 
 // ---- history ------------------------------------------------------------
 
+// keepOpen keeps a details element open across re-renders. The click is
+// recorded at once: a refresh may replace the element before its toggle
+// event fires.
 function keepOpen(details, id) {
   details.open = S.open.has(id);
+  details.querySelector("summary").addEventListener("click", () => { if (details.open) S.open.delete(id); else S.open.add(id); });
   details.addEventListener("toggle", () => { if (details.open) S.open.add(id); else S.open.delete(id); });
 }
 
