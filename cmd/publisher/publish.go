@@ -296,7 +296,6 @@ func (p *publisher) await(ctx context.Context, f inflight) (*jetstream.PubAck, e
 	return nil, err
 }
 
-
 // query sends a request and decodes the reply (into reply, unless nil); a reply {"error":…} comes
 // back wrapped in errQueryFailed.
 func query(ctx context.Context, nc *nats.Conn, subject string, req any, timeout time.Duration, reply any) error {
