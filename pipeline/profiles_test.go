@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
@@ -83,5 +85,64 @@ func TestProfilesSeedAndWatch(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("delete not applied")
 		}
+	}
+}
+
+// After a broker restart the profile watch is started again at once: a
+// profile put after the restart is seen in well under the 13-15 s the old
+// watch needed to notice its consumer was gone (issue 7, item 15). The 5 s
+// bound is that difference, not a speed goal.
+func TestProfilesRewatchAfterBrokerRestart(t *testing.T) {
+	dir, port := t.TempDir(), natstest.FreePort(t)
+	startServer := func() *server.Server {
+		s, err := server.NewServer(&server.Options{ServerName: "restart", Host: "127.0.0.1", Port: port,
+			JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Start()
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatal("server not ready")
+		}
+		return s
+	}
+	s := startServer()
+	nc := natstest.Connect(t, s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kv, err := bus.EnsureProfiles(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := pipeline.WatchProfiles(ctx, kv, slog.New(slog.DiscardHandler), nc.StatusChanged(nats.CONNECTED))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Shutdown()
+	s.WaitForShutdown()
+	s = startServer()
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	b, _ := schema.Marshal(schema.Profile{ID: "after", ContextWindow: 1234})
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := kv.Put(ctx, "after", b); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("put after the restart: %v", err)
+		}
+	}
+	put := time.Now()
+	for {
+		if p, ok := ps.Get("after"); ok && p.ContextWindow == 1234 {
+			t.Logf("seen %v after the put", time.Since(put).Round(time.Millisecond))
+			return
+		}
+		if time.Since(put) > 5*time.Second {
+			t.Fatal("a profile put after the broker restart was not seen by the watch")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
