@@ -324,6 +324,13 @@ func TestRunCondensesServesQueriesAndSurvivesRestart(t *testing.T) {
 	if code, body := httpGet(t, base+"/healthz"); code != http.StatusOK || strings.TrimSpace(body) != "ok" {
 		t.Fatalf("/healthz: %d %q", code, body)
 	}
+	// The dashboard is mounted at /, and lists the conversation.
+	if code, body := httpGet(t, base+"/"); code != http.StatusOK || !strings.Contains(strings.ToLower(body), "<html") {
+		t.Fatalf("/: %d %.200q", code, body)
+	}
+	if code, body := httpGet(t, base+"/api/conversations"); code != http.StatusOK || !strings.Contains(body, "acme."+conv) {
+		t.Fatalf("/api/conversations: %d %.300q", code, body)
+	}
 	code, body := httpGet(t, base+"/metrics")
 	if code != http.StatusOK || !strings.Contains(body, `ctxpipe_inputs_total{outcome="applied"} 20`) ||
 		!strings.Contains(body, "ctxpipe_conversations 1") {

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/dashboard"
 	"github.com/ctxpipe/ctxpipe/llm"
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -249,7 +250,7 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		m.runDone <- err
 	}()
-	if err := m.serveHTTP(); err != nil {
+	if err := m.serveHTTP(dashboard.Deps{Store: m.store, JS: js, Profiles: profiles, Globals: c.Globals, Log: log}); err != nil {
 		return err
 	}
 	endpoint := "offline extractive condenser"
@@ -327,11 +328,19 @@ func (m *Main) seedProfiles() ([]schema.Profile, error) {
 	return ps, nil
 }
 
-func (m *Main) serveHTTP() error {
+func (m *Main) serveHTTP(dd dashboard.Deps) error {
 	if m.Config.HTTP == "" {
 		return nil
 	}
 	mux := http.NewServeMux()
+	// The dashboard at /: it acts with the service's own connection and sees
+	// every tenant, so it is only as open as this listener (loopback by
+	// default); the more specific paths below win over it.
+	d, err := dashboard.New(dd)
+	if err != nil {
+		return fmt.Errorf("dashboard: %w", err)
+	}
+	mux.Handle("/", d)
 	mux.Handle("/metrics", m.metrics.Handler())
 	// Profiles of a running service; the listener is loopback by default.
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -362,7 +371,9 @@ func (m *Main) serveHTTP() error {
 		return fmt.Errorf("--http %s: %w", m.Config.HTTP, err)
 	}
 	m.httpAddr = ln.Addr().String()
+	// No WriteTimeout: the dashboard's event streams stay open.
 	m.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	m.http.RegisterOnShutdown(d.Close)
 	go func() {
 		if err := m.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			m.Log.Error("http server", "err", err)
