@@ -218,19 +218,35 @@ const maxLastErrorChars = 1000
 // white space collapsed, or "" when none does. A masked stand-in gives the
 // error line it kept.
 func LastErrorLine(out string) string {
-	if m := maskedError.FindStringSubmatch(strings.TrimSpace(out)); m != nil {
-		return m[1]
+	if t := strings.TrimSpace(out); strings.HasPrefix(t, MaskedPrefix) {
+		if m := maskedError.FindStringSubmatch(t); m != nil {
+			return m[1]
+		}
 	}
-	lines := strings.Split(out, "\n")
-	for i := len(lines) - 1; i >= 0; i-- {
-		if !errorLinePattern.MatchString(lines[i]) {
+	// From the last line back, without splitting the whole output: tool
+	// outputs run to megabytes and the error is usually near the end.
+	for rest := out; rest != ""; {
+		line := rest
+		if i := strings.LastIndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[i+1:], rest[:i]
+		} else {
+			rest = ""
+		}
+		if !mayReportError(line) || !errorLinePattern.MatchString(line) {
 			continue
 		}
-		l := strings.Join(strings.Fields(lines[i]), " ")
+		l := strings.Join(strings.Fields(line), " ")
 		if l == "" || boilerplateLines[l] || codeLinePattern.MatchString(l) {
 			continue
 		}
 		return clip(l, maxLastErrorChars)
 	}
 	return ""
+}
+
+// mayReportError is a cheap superset of errorLinePattern: most lines hold
+// none of its words, and a substring test is far cheaper than the regexp.
+func mayReportError(line string) bool {
+	return strings.Contains(line, "rror") || strings.Contains(line, "RROR") || strings.Contains(line, "xception") ||
+		strings.Contains(line, "Traceback") || strings.Contains(line, "FAILED")
 }
