@@ -19,9 +19,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
+	"github.com/ctxpipe/ctxpipe/internal/openaitest"
+	"github.com/ctxpipe/ctxpipe/llm"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/store"
 )
@@ -93,14 +96,14 @@ func childEnv() []string {
 	return env
 }
 
-func startConsumer(t *testing.T, bin, logPath string, args ...string) *proc {
+func startConsumer(t *testing.T, bin, logPath string, env []string, args ...string) *proc {
 	t.Helper()
 	f, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Env = childEnv()
+	cmd.Env = append(childEnv(), env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		f.Close()
@@ -286,6 +289,7 @@ type crashRig struct {
 	dir      string
 	dbPath   string
 	args     []string
+	env      []string // added to the child's environment
 	runs     int
 }
 
@@ -319,12 +323,27 @@ func newCrashRig(t *testing.T, ackWait time.Duration) *crashRig {
 	return r
 }
 
+// slowSummarizer has the service condense through an OpenAI-compatible
+// server that takes d per summary: the service is still working through
+// its inputs when a test kills it, so it holds inputs it has not applied
+// (on the offline condenser it had often finished them all, and a crash
+// test proved nothing).
+func (r *crashRig) slowSummarizer(d time.Duration) {
+	ai := openaitest.New(r.t)
+	ai.SetHandler(func(req openai.ChatCompletionRequest) openaitest.Reply {
+		rep := openaitest.DefaultReply(req)
+		rep.Delay = d
+		return rep
+	})
+	r.env = []string{llm.EnvBaseURL + "=" + ai.URL(), llm.EnvModel + "=slow-test-model"}
+}
+
 // start runs the service binary and waits until it answers queries.
 // httpAddr "" disables /metrics.
 func (r *crashRig) start(httpAddr string) *proc {
 	r.t.Helper()
 	r.runs++
-	p := startConsumer(r.t, r.bin, filepath.Join(r.dir, fmt.Sprintf("consumer-%d.log", r.runs)), append(r.args, "--http", httpAddr)...)
+	p := startConsumer(r.t, r.bin, filepath.Join(r.dir, fmt.Sprintf("consumer-%d.log", r.runs)), r.env, append(r.args, "--http", httpAddr)...)
 	waitReady(r.t, r.c, p, r.deadline)
 	return p
 }
@@ -543,6 +562,7 @@ func uniqueInts(s []int) bool {
 // it is down.
 func TestCrashKillRestartAppliesEveryInputOnce(t *testing.T) {
 	r := newCrashRig(t, 6*time.Second)
+	r.slowSummarizer(50 * time.Millisecond)
 	order, byConv := crashWorkload(crashProfile)
 	if err := <-publishAll(r.c.js, order); err != nil {
 		t.Fatal(err)
@@ -599,6 +619,7 @@ func TestCrashKillRestartAppliesEveryInputOnce(t *testing.T) {
 // tool_result whose tool_use is not yet applied is rejected.
 func TestRestartKeepsOrderWhenNewInputsArrive(t *testing.T) {
 	r := newCrashRig(t, 3*time.Second)
+	r.slowSummarizer(100 * time.Millisecond)
 	p1 := r.start("")
 	order, byConv := crashWorkload(crashProfile)
 	// Phase one: the first 60 turns of each conversation.
