@@ -426,12 +426,14 @@ func (r *Runner) ackFloor() (floor uint64, ok bool) {
 }
 
 // restartAt records that a new consumer delivers everything from seq on:
-// what was given back before is delivered again.
+// what was given back before is delivered again, and nothing at or above
+// seq counts as fetched until it arrives anew (a second rebuild before it
+// does must start from seq again, not skip it).
 func (r *Runner) restartAt(seq uint64) {
 	r.heldMu.Lock()
 	defer r.heldMu.Unlock()
 	clear(r.unapplied)
-	r.maxSeq = max(r.maxSeq, seq-1)
+	r.maxSeq = seq - 1
 }
 
 func (r *Runner) release(j *job) {
