@@ -2,96 +2,21 @@ package dashboard
 
 import (
 	"encoding/json"
-	"sort"
 	"strings"
 
+	"github.com/ctxpipe/ctxpipe/internal/ctxseries"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/stages"
 )
 
-// Point is the context size after turn X; Kind marks a condense or a
-// truncation that brought it down to Y at that turn (its previous figure is
-// the point before, at the same X).
-type Point struct {
-	X    int              `json:"x"`
-	Y    int              `json:"y"`
-	Kind schema.EventType `json:"kind,omitempty"`
-}
+// Point is one point of the plot (internal/ctxseries, shared with
+// `publisher plot`).
+type Point = ctxseries.Point
 
-// Series rebuilds a conversation's context size turn by turn from its full
-// stored history (the turns' counts, or the provider's usage) and its
-// events (the condenses' and truncations' exact figures before and after),
-// leaving out the reductions a rewind undid. It is the data of `publisher
-// plot` (cmd/publisher/plot.go, contextSeries), computed the same way; the
-// publisher is a main package, so it cannot be imported from here.
-func Series(msgs []schema.Message, evs []schema.Event) []Point {
-	var turns []schema.Message
-	for _, m := range msgs {
-		if !m.Synthetic() {
-			turns = append(turns, m)
-		}
-	}
-	sort.SliceStable(turns, func(i, j int) bool { return turns[i].TS < turns[j].TS })
-	at := map[string]int{} // input id → turn index
-	for i, m := range turns {
-		at[m.ID] = i
-	}
-	undone := map[string]bool{} // condenses and truncations a rewind removed
-	for _, e := range evs {
-		if r, ok := e.(*schema.Rewind); ok {
-			for _, id := range append(r.RemovedCondenseIDs, r.RemovedTruncationIDs...) {
-				undone[id] = true
-			}
-		}
-	}
-	byTurn := map[int][]schema.Event{}
-	for _, e := range evs {
-		switch e := e.(type) {
-		case *schema.CondenseContext:
-			if undone[e.CondenseID] {
-				continue
-			}
-		case *schema.SlidingWindowTruncation:
-			if undone[e.TruncationID] {
-				continue
-			}
-		default:
-			continue
-		}
-		h := e.Header()
-		i, ok := at[h.InputID]
-		if !ok { // a control input (manual condense, overflow): place it by time
-			i = sort.Search(len(turns), func(k int) bool { return turns[k].TS > h.TS }) - 1
-			if i < 0 {
-				continue
-			}
-		}
-		byTurn[i] = append(byTurn[i], e)
-	}
-	out := []Point{}
-	running := 0
-	for i, m := range turns {
-		running += m.Tokens
-		if m.Usage != nil {
-			running = m.Usage.Total()
-		}
-		for _, e := range byTurn[i] {
-			var prev, next int
-			switch e := e.(type) {
-			case *schema.CondenseContext:
-				prev, next = e.PrevContextTokens, e.NewContextTokens
-			case *schema.SlidingWindowTruncation:
-				prev, next = e.PrevContextTokens, e.NewContextTokens
-			}
-			out = append(out, Point{X: i + 1, Y: prev}, Point{X: i + 1, Y: next, Kind: e.Header().Type})
-			running = next
-		}
-		if len(byTurn[i]) == 0 {
-			out = append(out, Point{X: i + 1, Y: running})
-		}
-	}
-	return out
-}
+// Series is the plot's data: the context size turn by turn, with every
+// condense, truncation and masking a rewind did not undo (ctxseries.Series,
+// the same function `publisher plot` draws).
+func Series(msgs []schema.Message, evs []schema.Event) []Point { return ctxseries.Series(msgs, evs) }
 
 // HistoryItem is one stored message as the conversation page shows it.
 type HistoryItem struct {

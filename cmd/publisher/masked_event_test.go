@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ctxpipe/ctxpipe/internal/ctxseries"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -51,8 +52,8 @@ func TestPlotShowsMasking(t *testing.T) {
 		&schema.ToolResultsMasked{EventHeader: schema.EventHeader{Type: schema.EventToolResultsMasked, InputID: "c", TS: 30}, MaskID: "gone", PrevContextTokens: 9, NewContextTokens: 8},
 		&schema.Rewind{EventHeader: schema.EventHeader{Type: schema.EventRewind, TS: 60}, RemovedMaskIDs: []string{"gone"}},
 	}
-	want := []point{{X: 1, Y: 100}, {X: 2, Y: 1000}, {X: 3, Y: 1500}, {X: 3, Y: 620, Kind: schema.EventToolResultsMasked}}
-	pts := contextSeries(msgs, evs)
+	want := []ctxseries.Point{{X: 1, Y: 100}, {X: 2, Y: 1000}, {X: 3, Y: 1500}, {X: 3, Y: 620, Kind: schema.EventToolResultsMasked}}
+	pts := ctxseries.Series(msgs, evs)
 	if !reflect.DeepEqual(pts, want) {
 		t.Fatalf("series\n got %+v\nwant %+v", pts, want)
 	}

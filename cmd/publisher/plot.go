@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/ctxpipe/ctxpipe/client"
+	"github.com/ctxpipe/ctxpipe/internal/ctxseries"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -56,100 +56,12 @@ func runPlot(ctx context.Context, c *cli, args []string) error {
 		defer f.Close()
 		w = f
 	}
-	return renderSVG(w, st, contextSeries(hist.Messages, evs))
-}
-
-// point is the context size after turn X; Kind marks a condense, a
-// truncation or a masking that brought it down to Y at that turn.
-type point struct {
-	X, Y int
-	Kind schema.EventType
-}
-
-// contextSeries rebuilds the context size turn by turn from the stored turns
-// (their counts, or the provider's usage) and the condense, truncation and
-// masking events, which carry the exact figures before and after each
-// reduction. Masked stand-ins are synthetic, so each turn counts once.
-func contextSeries(msgs []schema.Message, evs []schema.Event) []point {
-	var turns []schema.Message
-	for _, m := range msgs {
-		if !m.Synthetic() {
-			turns = append(turns, m)
-		}
-	}
-	sort.SliceStable(turns, func(i, j int) bool { return turns[i].TS < turns[j].TS })
-	at := map[string]int{} // input id → turn index
-	for i, m := range turns {
-		at[m.ID] = i
-	}
-	undone := map[string]bool{} // condenses, truncations and maskings a rewind removed
-	for _, e := range evs {
-		if r, ok := e.(*schema.Rewind); ok {
-			for _, ids := range [][]string{r.RemovedCondenseIDs, r.RemovedTruncationIDs, r.RemovedMaskIDs} {
-				for _, id := range ids {
-					undone[id] = true
-				}
-			}
-		}
-	}
-	byTurn := map[int][]schema.Event{}
-	for _, e := range evs {
-		switch e := e.(type) {
-		case *schema.CondenseContext:
-			if undone[e.CondenseID] {
-				continue
-			}
-		case *schema.SlidingWindowTruncation:
-			if undone[e.TruncationID] {
-				continue
-			}
-		case *schema.ToolResultsMasked:
-			if undone[e.MaskID] {
-				continue
-			}
-		}
-		h := e.Header()
-		i, ok := at[h.InputID]
-		if !ok { // a control input (manual condense, overflow): place it by time
-			i = sort.Search(len(turns), func(k int) bool { return turns[k].TS > h.TS }) - 1
-			if i < 0 {
-				continue
-			}
-		}
-		byTurn[i] = append(byTurn[i], e)
-	}
-	var out []point
-	running := 0
-	for i, m := range turns {
-		running += m.Tokens
-		if m.Usage != nil {
-			running = m.Usage.Total()
-		}
-		for _, e := range byTurn[i] {
-			var prev, next int
-			switch e := e.(type) {
-			case *schema.CondenseContext:
-				prev, next = e.PrevContextTokens, e.NewContextTokens
-			case *schema.SlidingWindowTruncation:
-				prev, next = e.PrevContextTokens, e.NewContextTokens
-			case *schema.ToolResultsMasked:
-				prev, next = e.PrevContextTokens, e.NewContextTokens
-			default:
-				continue
-			}
-			out = append(out, point{X: i + 1, Y: prev}, point{X: i + 1, Y: next, Kind: e.Header().Type})
-			running = next
-		}
-		if len(byTurn[i]) == 0 || out[len(out)-1].X != i+1 {
-			out = append(out, point{X: i + 1, Y: running})
-		}
-	}
-	return out
+	return renderSVG(w, st, ctxseries.Series(hist.Messages, evs))
 }
 
 // renderSVG draws the series with the window, the allowed size and the
 // condense threshold as reference lines.
-func renderSVG(w io.Writer, st schema.StatusReply, pts []point) error {
+func renderSVG(w io.Writer, st schema.StatusReply, pts []ctxseries.Point) error {
 	const W, H, left, right, top, bottom = 960, 420, 80, 30, 50, 50
 	maxX, maxY := 1, st.ContextWindow
 	for _, p := range pts {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ctxpipe/ctxpipe/internal/ctxseries"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -30,8 +31,8 @@ func TestContextSeries(t *testing.T) {
 		&schema.CondenseContext{EventHeader: schema.EventHeader{Type: schema.EventCondenseContext, InputID: "gone", TS: 50}, CondenseID: "x", PrevContextTokens: 1, NewContextTokens: 1},
 		&schema.Rewind{EventHeader: schema.EventHeader{Type: schema.EventRewind, TS: 60}, RemovedCondenseIDs: []string{"x"}},
 	}
-	got := contextSeries(msgs, evs)
-	want := []point{
+	got := ctxseries.Series(msgs, evs)
+	want := []ctxseries.Point{
 		{X: 1, Y: 100},
 		{X: 2, Y: 320}, {X: 2, Y: 150, Kind: schema.EventCondenseContext},
 		{X: 3, Y: 910}, // the provider's usage replaces the running count
@@ -44,7 +45,7 @@ func TestContextSeries(t *testing.T) {
 
 func TestRenderSVGIsWellFormed(t *testing.T) {
 	st := schema.StatusReply{ConversationID: "demo", ProfileID: "p<&>", ContextWindow: 16000, AllowedTokens: 13376, Threshold: 60}
-	pts := []point{{X: 1, Y: 100}, {X: 2, Y: 9700}, {X: 2, Y: 3000, Kind: schema.EventCondenseContext}, {X: 3, Y: 14000}, {X: 3, Y: 7000, Kind: schema.EventSlidingWindowTruncation}}
+	pts := []ctxseries.Point{{X: 1, Y: 100}, {X: 2, Y: 9700}, {X: 2, Y: 3000, Kind: schema.EventCondenseContext}, {X: 3, Y: 14000}, {X: 3, Y: 7000, Kind: schema.EventSlidingWindowTruncation}}
 	var b strings.Builder
 	if err := renderSVG(&b, st, pts); err != nil {
 		t.Fatal(err)
