@@ -209,18 +209,7 @@ func extract(msgs []schema.Message) *facts {
 }
 
 // userText joins a message's text blocks, leaving out tool results.
-func userText(c schema.Content) string {
-	if !c.IsBlocks {
-		return c.Text
-	}
-	var parts []string
-	for _, b := range c.Blocks {
-		if b.Type == schema.BlockText && strings.TrimSpace(b.Text) != "" {
-			parts = append(parts, b.Text)
-		}
-	}
-	return strings.Join(parts, "\n\n")
-}
+func userText(c schema.Content) string { return c.OwnText("\n\n") }
 
 // summaryText is an earlier summary's text, without its synthetic reasoning.
 func summaryText(c schema.Content) string { return strings.TrimSpace(userText(c)) }

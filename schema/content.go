@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	jsonv2 "github.com/go-json-experiment/json"
@@ -146,6 +147,22 @@ func (c Content) MarshalJSON() ([]byte, error) {
 		return marshalNoEscape(c.Blocks)
 	}
 	return marshalNoEscape(c.Text)
+}
+
+// OwnText is what a message says in its own words: a string content, or
+// its text blocks joined by sep, without tool uses, tool results, images or
+// reasoning. It is "" for a user turn that only returns tool results.
+func (c Content) OwnText(sep string) string {
+	if !c.IsBlocks {
+		return c.Text
+	}
+	var parts []string
+	for _, b := range c.Blocks {
+		if b.Type == BlockText && strings.TrimSpace(b.Text) != "" {
+			parts = append(parts, b.Text)
+		}
+	}
+	return strings.Join(parts, sep)
 }
 
 // BlocksOf returns the content as blocks: a string becomes one text block

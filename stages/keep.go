@@ -60,18 +60,7 @@ func agentUser(m *schema.Message) bool {
 }
 
 // userText joins a content's text blocks (tool results left out).
-func userText(c schema.Content) string {
-	if !c.IsBlocks {
-		return c.Text
-	}
-	var parts []string
-	for _, b := range c.Blocks {
-		if b.Type == schema.BlockText && strings.TrimSpace(b.Text) != "" {
-			parts = append(parts, b.Text)
-		}
-	}
-	return strings.Join(parts, "\n")
-}
+func userText(c schema.Content) string { return c.OwnText("\n") }
 
 // closeExchanges adds to keep the visible messages that hold the calls a
 // kept message's results answer, and the results of a kept message's

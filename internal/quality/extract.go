@@ -324,18 +324,7 @@ func contentText(c schema.Content) string {
 
 // UserText is the text a user turn says in its own words: its text blocks,
 // without tool results. It is "" for a turn that only returns tool results.
-func UserText(c schema.Content) string {
-	if !c.IsBlocks {
-		return c.Text
-	}
-	var parts []string
-	for _, b := range c.Blocks {
-		if b.Type == schema.BlockText && strings.TrimSpace(b.Text) != "" {
-			parts = append(parts, b.Text)
-		}
-	}
-	return strings.Join(parts, "\n")
-}
+func UserText(c schema.Content) string { return c.OwnText("\n") }
 
 // Haystack is everything an agent's model reads in msgs, as text: text,
 // reasoning, each tool call's name, raw input and the strings inside it (so
