@@ -360,6 +360,17 @@ func TestRunCondensesServesQueriesAndSurvivesRestart(t *testing.T) {
 	if n := m2.metrics.Value("ctxpipe_inputs_total", `outcome="applied"`); n != 1 {
 		t.Fatalf("%v inputs applied after the restart, want 1", n)
 	}
+	// The dashboard's buttons publish tenant-qualified control inputs as
+	// the service: nats.conf (which the embedded server runs) must let it.
+	resp, err := http.Post("http://"+m2.Config.HTTP+"/api/conversations/acme."+conv+"/condense", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("dashboard condense: %d %s", resp.StatusCode, b)
+	}
 	if err := m2.Close(); err != nil {
 		t.Fatalf("close after the restart: %v", err)
 	}
