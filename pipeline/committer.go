@@ -8,7 +8,7 @@ import (
 	"github.com/ctxpipe/ctxpipe/store"
 )
 
-// commitReq is one lane batch waiting to be committed.
+// commitReq is one worker's batch waiting to be committed.
 type commitReq struct {
 	entries []store.Entry
 	done    chan error
@@ -25,7 +25,7 @@ func (r *Runner) commit(entries []store.Entry) error {
 	return <-req.done
 }
 
-// committer groups the batches of all lanes that are waiting into one
+// committer groups the batches of all workers that are waiting into one
 // transaction: with synchronous=FULL each transaction costs an fsync, so one
 // fsync for many inputs is what makes durable acks cheap.
 func (r *Runner) committer() {
@@ -51,7 +51,7 @@ func (r *Runner) committer() {
 		err := r.commitEntries(all)
 		for _, x := range reqs {
 			if err != nil && len(reqs) > 1 {
-				// One lane's entry may be at fault: commit each batch alone
+				// One worker's entry may be at fault: commit each batch alone
 				// so the others are not held back by it.
 				x.done <- r.commitEntries(x.entries)
 				continue

@@ -223,7 +223,7 @@ func (m *Main) Run(ctx context.Context) error {
 		n, err := m.relay.Pending(ctx)
 		return float64(n), err
 	})
-	m.metrics.Gauge("ctxpipe_inputs_held", "Inputs fetched and not yet acked (queued in lanes or being applied).", func(context.Context) (float64, error) {
+	m.metrics.Gauge("ctxpipe_inputs_held", "Inputs fetched and not yet acked (queued for their conversation or being applied).", func(context.Context) (float64, error) {
 		return float64(m.runner.Held()), nil
 	})
 	m.metrics.Gauge("ctxpipe_conversations", "Conversations stored.", func(ctx context.Context) (float64, error) {
@@ -414,7 +414,7 @@ func (m *Main) Close() error {
 	return m.closeErr
 }
 
-// close stops the service in order: stop fetching and let the lanes finish
+// close stops the service in order: stop fetching and let the workers finish
 // (or give back) what they hold, stop answering queries, flush the outbox,
 // close SQLite, drain NATS, stop the embedded server.
 func (m *Main) close() error {
