@@ -271,9 +271,26 @@ func (m *Main) lock(ctx context.Context, js jetstream.JetStream, runCtx context.
 	if err != nil {
 		dir = m.Config.DataDir
 	}
-	l, err := pipeline.AcquireLock(ctx, js, m.Config.Pipeline.Consumer, pipeline.Holder{Host: host, DataDir: dir, PID: os.Getpid()}, m.Config.Replicas, m.Log)
-	if err != nil {
-		return err
+	// Another instance holding the lock is final; anything else (a
+	// cluster still placing the lock bucket's peers, no quorum) is waited
+	// out like the other start steps.
+	var l *pipeline.InstanceLock
+	backoff := 250 * time.Millisecond
+	for start := time.Now(); ; {
+		l, err = pipeline.AcquireLock(ctx, js, m.Config.Pipeline.Consumer, pipeline.Holder{Host: host, DataDir: dir, PID: os.Getpid()}, m.Config.Replicas, m.Log)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, pipeline.ErrLockHeld) || ctx.Err() != nil || time.Since(start) > time.Minute {
+			return err
+		}
+		m.Log.Warn("cannot take the instance lock yet; retrying", "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
 	}
 	go func() {
 		if err := l.Hold(runCtx); err != nil {
