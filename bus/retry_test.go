@@ -21,6 +21,8 @@ func TestTransient(t *testing.T) {
 	}{
 		{"JetStream not ready", fmt.Errorf("ensure: %w", jetstream.ErrJetStreamNotEnabled), true},
 		{"cluster unavailable", &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, true},
+		{"a peer offline at placement", &jetstream.APIError{Code: 400, ErrorCode: 10005, Description: "no suitable peers for placement, peer offline"}, true},
+		{"too few peers at all", &jetstream.APIError{Code: 400, ErrorCode: 10005, Description: "no suitable peers for placement"}, false},
 		{"request timed out", fmt.Errorf("x: %w", context.DeadlineExceeded), true},
 		{"no responders", nats.ErrNoResponders, true},
 		{"reconnecting", nats.ErrConnectionReconnecting, true},

@@ -445,7 +445,10 @@ func Transient(err error) bool {
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.As(err, &apiErr):
-		return apiErr.Code == 503
+		// 503: no quorum, a leader being elected. A placement that failed
+		// because a peer is offline (a node restarting, a cluster still
+		// forming) clears too; one with too few peers at all does not.
+		return apiErr.Code == 503 || strings.Contains(apiErr.Description, "peer offline")
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout),
 		errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse),
 		errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrConnectionReconnecting):
