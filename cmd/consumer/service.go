@@ -103,7 +103,7 @@ func (m *Main) ParseFlags(args []string) error {
 	fs := flag.NewFlagSet("consumer", flag.ContinueOnError)
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the SQLite file and the embedded server's JetStream store")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "address of the embedded NATS server (ignored with --nats-url)")
-	fs.StringVar(&c.HTTP, "http", c.HTTP, `address for /metrics and /healthz ("" disables)`)
+	fs.StringVar(&c.HTTP, "http", c.HTTP, `address for the dashboard, /metrics, /healthz and /readyz ("" disables)`)
 	fs.StringVar(&c.ProfilesFile, "profiles", c.ProfilesFile, "JSON array of profiles that seeds the ctx_profiles bucket (built-in set when empty)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
