@@ -33,6 +33,9 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 	const maxConcurrent, maxWaits = 256, 65536
 	reads := make(chan struct{}, maxConcurrent)
 	waits := make(chan struct{}, maxWaits)
+	// Every query in flight, waiting or reading: a flood beyond it is
+	// answered at once instead of piling up goroutines.
+	inflight := make(chan struct{}, maxConcurrent+maxWaits)
 	r.maxReply = int(nc.MaxPayload())
 	serve := func(h func(context.Context, []byte) []byte) nats.MsgHandler {
 		return func(m *nats.Msg) {
@@ -44,7 +47,15 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 				r.Metrics.Inc("ctxpipe_queries_refused_total", "")
 				return
 			}
+			select {
+			case inflight <- struct{}{}:
+			default:
+				r.Metrics.Inc("ctxpipe_queries_refused_total", "")
+				_ = m.Respond(schema.MarshalQueryError(schema.QueryTimeout, "too many queries in flight; retry"))
+				return
+			}
 			go func() {
+				defer func() { <-inflight }()
 				qctx := withQuerySlots(ctx, reads, waits)
 				if t := tenantOf(m.Subject); t != "" {
 					qctx = context.WithValue(qctx, tenantKey{}, t)
@@ -55,7 +66,7 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 			}()
 		}
 	}
-	r.Metrics.Help("ctxpipe_queries_refused_total", "Queries refused because their reply subject was outside an inbox prefix.")
+	r.Metrics.Help("ctxpipe_queries_refused_total", "Queries refused: a reply subject outside an inbox prefix, or too many in flight.")
 	// Each query on the service's own subject (clients in its account) and
 	// on the tenants' (ctx.q.<tenant>.<verb>, mapped there by the server:
 	// the tenant comes from the subject, never from the body).
