@@ -165,6 +165,35 @@ func waitSlot(ctx context.Context) (func(), bool) {
 	}
 }
 
+// decodeRequest decodes and validates a query's body; a bad one comes back
+// as its error reply.
+func decodeRequest[T any, PT interface {
+	*T
+	Validate() error
+}](data []byte) (T, []byte) {
+	var req T
+	if err := json.Unmarshal(data, &req); err != nil {
+		return req, schema.MarshalQueryError(schema.QueryBadRequest, "request is not valid JSON: "+err.Error())
+	}
+	if err := PT(&req).Validate(); err != nil {
+		return req, queryError(err)
+	}
+	return req, nil
+}
+
+// notFound answers not_found when no conversation has key, as for one of
+// another tenant; nil when it exists.
+func (r *Runner) notFound(ctx context.Context, key, conv string) []byte {
+	_, found, err := r.Store.State(ctx, key)
+	switch {
+	case err != nil:
+		return queryError(err)
+	case !found:
+		return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", conv))
+	}
+	return nil
+}
+
 func queryError(err error) []byte {
 	var qe *schema.QueryErrorBody
 	if errors.As(err, &qe) {
@@ -175,12 +204,9 @@ func queryError(err error) []byte {
 
 // History answers a ctx.q.history request.
 func (r *Runner) History(ctx context.Context, data []byte) []byte {
-	var req schema.HistoryRequest
-	if err := json.Unmarshal(data, &req); err != nil {
-		return schema.MarshalQueryError(schema.QueryBadRequest, "request is not valid JSON: "+err.Error())
-	}
-	if err := req.Validate(); err != nil {
-		return queryError(err)
+	req, bad := decodeRequest[schema.HistoryRequest](data)
+	if bad != nil {
+		return bad
 	}
 	key := keyOf(ctx, req.ConversationID)
 	if req.WaitFor != "" {
@@ -209,10 +235,8 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 	}
 	msgs := h.Messages
 	if len(msgs) == 0 && h.Seq == 0 {
-		if _, found, err := r.Store.State(ctx, key); err != nil {
-			return queryError(err)
-		} else if !found {
-			return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", req.ConversationID))
+		if bad := r.notFound(ctx, key, req.ConversationID); bad != nil {
+			return bad
 		}
 	}
 	if !h.Incremental {
@@ -428,12 +452,9 @@ func (r *Runner) waitFor(ctx context.Context, conv, id string, timeout time.Dura
 
 // Status answers a ctx.q.status request.
 func (r *Runner) Status(ctx context.Context, data []byte) []byte {
-	var req schema.StatusRequest
-	if err := json.Unmarshal(data, &req); err != nil {
-		return schema.MarshalQueryError(schema.QueryBadRequest, "request is not valid JSON: "+err.Error())
-	}
-	if err := req.Validate(); err != nil {
-		return queryError(err)
+	req, bad := decodeRequest[schema.StatusRequest](data)
+	if bad != nil {
+		return bad
 	}
 	defer readSlot(ctx)()
 	key := keyOf(ctx, req.ConversationID)
@@ -477,12 +498,9 @@ func (r *Runner) Status(ctx context.Context, data []byte) []byte {
 // replay them (it cannot read CTX_EVENTS, which lives in the service's
 // account).
 func (r *Runner) Events(ctx context.Context, data []byte) []byte {
-	var req schema.EventsRequest
-	if err := json.Unmarshal(data, &req); err != nil {
-		return schema.MarshalQueryError(schema.QueryBadRequest, "request is not valid JSON: "+err.Error())
-	}
-	if err := req.Validate(); err != nil {
-		return queryError(err)
+	req, bad := decodeRequest[schema.EventsRequest](data)
+	if bad != nil {
+		return bad
 	}
 	defer readSlot(ctx)()
 	key := keyOf(ctx, req.ConversationID)
@@ -491,10 +509,8 @@ func (r *Runner) Events(ctx context.Context, data []byte) []byte {
 		return queryError(err)
 	}
 	if len(bodies) == 0 && req.After == 0 {
-		if _, found, err := r.Store.State(ctx, key); err != nil {
-			return queryError(err)
-		} else if !found {
-			return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", req.ConversationID))
+		if bad := r.notFound(ctx, key, req.ConversationID); bad != nil {
+			return bad
 		}
 	}
 	rep := schema.EventsReply{ConversationID: req.ConversationID, Events: make([]json.RawMessage, len(bodies)), Next: req.After + len(bodies), More: more}
