@@ -47,6 +47,13 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 				r.Metrics.Inc("ctxpipe_queries_refused_total", "")
 				return
 			}
+			tenant := tenantOf(m.Subject)
+			if tenant != "" && !schema.ValidTenant(tenant) {
+				// Only the server's mappings put a tenant here; a token
+				// no tenant may have never names a conversation key.
+				_ = m.Respond(schema.MarshalQueryError(schema.QueryBadRequest, "no such tenant"))
+				return
+			}
 			select {
 			case inflight <- struct{}{}:
 			default:
@@ -57,8 +64,8 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 			go func() {
 				defer func() { <-inflight }()
 				qctx := withQuerySlots(ctx, reads, waits)
-				if t := tenantOf(m.Subject); t != "" {
-					qctx = context.WithValue(qctx, tenantKey{}, t)
+				if tenant != "" {
+					qctx = context.WithValue(qctx, tenantKey{}, tenant)
 				}
 				if err := m.Respond(h(qctx, m.Data)); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
 					r.Log.Warn("query reply failed", "subject", m.Subject, "err", err)

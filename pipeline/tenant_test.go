@@ -60,6 +60,15 @@ func TestTenantsNeverMeet(t *testing.T) {
 			t.Fatalf("%s status: %+v %v", tenant, st, err)
 		}
 	}
+	// A tenant token no tenant may have (reserved, or naming a key) is
+	// refused, never turned into a conversation key.
+	for _, bad := range []string{"_invalid", "_acme"} {
+		var st schema.StatusReply
+		var qe *schema.QueryErrorBody
+		if err := ask(bad, schema.VerbStatus, schema.StatusRequest{ConversationID: "c1"}, &st); !errors.As(err, &qe) || qe.Code != schema.QueryBadRequest {
+			t.Fatalf("status as tenant %q: %v", bad, err)
+		}
+	}
 	// globex asks for acme's conversation: not_found, as if it did not exist.
 	var qe *schema.QueryErrorBody
 	var st schema.StatusReply
