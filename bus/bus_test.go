@@ -40,12 +40,20 @@ func TestEnsureStreams(t *testing.T) {
 	if len(findings) != 2 || findings[0].Field != "max_age" || findings[0].Changed || findings[0].Level() != slog.LevelWarn {
 		t.Fatalf("findings = %v, want max_age kept on both streams, as warnings", findings)
 	}
+	in, err := js.Stream(ctx, StreamIn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := PartitionsOf(in.CachedInfo().Config); n != DefaultPartitions {
+		t.Errorf("CTX_IN has %d partitions, want %d", n, DefaultPartitions)
+	}
 	tests := []struct {
 		name    string
 		subject string
 	}{
-		{StreamIn, "ctx.in.>"},
+		{StreamIn, "ctx.in.*.* ctx.in.*.*.*"},
 		{StreamEvents, "ctx.events.>"},
+		{StreamState, "ctx.state.>"},
 	}
 	for _, tt := range tests {
 		s, err := js.Stream(ctx, tt.name)
@@ -53,7 +61,7 @@ func TestEnsureStreams(t *testing.T) {
 			t.Fatalf("stream %s: %v", tt.name, err)
 		}
 		cfg := s.CachedInfo().Config
-		if len(cfg.Subjects) != 1 || cfg.Subjects[0] != tt.subject {
+		if got := strings.Join(cfg.Subjects, " "); got != tt.subject {
 			t.Errorf("%s subjects = %v, want [%s]", tt.name, cfg.Subjects, tt.subject)
 		}
 		if cfg.Storage != jetstream.FileStorage || cfg.Duplicates != 2*time.Minute ||

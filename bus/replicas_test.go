@@ -79,6 +79,7 @@ func TestEnsureKeepsOperatorSettings(t *testing.T) {
 			logs: []string{
 				"level=INFO msg=\"stream CTX_IN replicas was 1, ctxpipe sets 3\"",
 				"level=INFO msg=\"stream CTX_EVENTS replicas was 1, ctxpipe sets 3\"",
+				"level=INFO msg=\"stream CTX_STATE replicas was 1, ctxpipe sets 3\"",
 				"level=INFO msg=\"bucket ctx_profiles replicas was 1, ctxpipe sets 3\"",
 			},
 		},

@@ -53,9 +53,10 @@ const (
 type Option func(*options)
 
 type options struct {
-	replicas int
-	maxAge   time.Duration
-	maxBytes int64
+	replicas   int
+	partitions int
+	maxAge     time.Duration
+	maxBytes   int64
 	// asked records which settings an option set, as opposed to defaults:
 	// keeping an existing value against an explicit request is a warning.
 	askedReplicas, askedMaxAge, askedMaxBytes bool
@@ -63,7 +64,7 @@ type options struct {
 }
 
 func buildOptions(opts []Option) options {
-	o := options{replicas: 1, maxBytes: -1}
+	o := options{replicas: 1, maxBytes: -1, partitions: DefaultPartitions}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -99,13 +100,41 @@ func WithMaxBytes(n int64) Option {
 	return func(o *options) { o.maxBytes, o.askedMaxBytes = n, true }
 }
 
+// WithPartitions sets N, the number of partitions of CTX_IN's transform,
+// when ctxpipe creates the stream (or adds the transform to one created
+// before partitions). An existing transform keeps its N.
+func WithPartitions(n int) Option {
+	return func(o *options) {
+		if n > 0 && n <= MaxPartitions {
+			o.partitions = n
+		}
+	}
+}
+
 // WithLogger sets the logger EnsureStreams and EnsureProfiles report what
 // they found through (nil: slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 
-// InStreamConfig is the configuration of CTX_IN.
+// InStreamConfig is the configuration of CTX_IN: the two input subject
+// forms, the tenant form partitioned by the server (see InputTransform).
+// Nothing else is accepted, so a malformed subject fails at the publisher
+// (no stream answers) instead of sitting in the stream unconsumed.
 func InStreamConfig(opts ...Option) jetstream.StreamConfig {
-	return streamConfig(StreamIn, "ctxpipe inputs: turns, condense, overflow and rewind requests", InputSubjects, opts)
+	c := streamConfig(StreamIn, "ctxpipe inputs: turns, condense, overflow and rewind requests", sharedInputs, opts)
+	c.Subjects = []string{sharedInputs, tenantInputs}
+	c.SubjectTransform = InputTransform(buildOptions(opts).partitions)
+	return c
+}
+
+// StateStreamConfig is the configuration of CTX_STATE, the changelog. It is
+// the source of truth every instance's SQLite is rebuilt from, so it never
+// ages messages out, whatever WithMaxAge and WithMaxBytes say for the others.
+func StateStreamConfig(opts ...Option) jetstream.StreamConfig {
+	c := streamConfig(StreamState, "ctxpipe changelog: every committed change, per partition", StateSubjects, opts)
+	c.MaxAge, c.MaxBytes, c.Duplicates = 0, -1, DuplicateWindow
+	// Followers read it far more than owners write it.
+	c.AllowDirect = true
+	return c
 }
 
 // EventsStreamConfig is the configuration of CTX_EVENTS.
@@ -202,7 +231,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, opts ...Option) 
 func ReconcileStreams(ctx context.Context, js jetstream.JetStream, opts ...Option) ([]Finding, error) {
 	o := buildOptions(opts)
 	var all []Finding
-	for _, want := range []jetstream.StreamConfig{InStreamConfig(opts...), EventsStreamConfig(opts...)} {
+	for _, want := range []jetstream.StreamConfig{InStreamConfig(opts...), EventsStreamConfig(opts...), StateStreamConfig(opts...)} {
 		findings, err := reconcileStream(ctx, js, want, o)
 		all = append(all, findings...)
 		if err != nil {
@@ -235,6 +264,17 @@ func reconcileStream(ctx context.Context, js jetstream.JetStream, want jetstream
 	if !slices.Equal(next.Subjects, want.Subjects) {
 		d.set("subjects", strings.Join(next.Subjects, ","), strings.Join(want.Subjects, ","))
 		next.Subjects = want.Subjects
+	}
+	if want.SubjectTransform != nil {
+		// The partition transform is ctxpipe's, but its N is fixed once
+		// set: a stream that has one keeps it (PartitionsOf reads it).
+		switch have := PartitionsOf(next); {
+		case have == 0:
+			d.set("subject_transform", transformString(next.SubjectTransform), want.SubjectTransform.Destination)
+			next.SubjectTransform = want.SubjectTransform
+		case have != PartitionsOf(want):
+			d.keep("partitions", strconv.Itoa(have), strconv.Itoa(PartitionsOf(want)), true)
+		}
 	}
 	if dup := duplicates(next.MaxAge); next.Duplicates != dup {
 		d.set("duplicates", next.Duplicates.String(), dup.String())
@@ -369,6 +409,13 @@ func (d *diff) replicas(have, want int, asked bool) int {
 		d.keep("replicas", strconv.Itoa(have), strconv.Itoa(want), asked)
 	}
 	return have
+}
+
+func transformString(t *jetstream.SubjectTransformConfig) string {
+	if t == nil {
+		return "none"
+	}
+	return t.Source + " -> " + t.Destination
 }
 
 func ageString(d time.Duration) string {

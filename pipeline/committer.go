@@ -2,77 +2,362 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/changelog"
 	"github.com/ctxpipe/ctxpipe/store"
 )
 
-// commitReq is one worker's batch waiting to be committed.
+// commitReq is one worker's batch (one conversation, so one partition)
+// waiting to be committed.
 type commitReq struct {
-	entries []store.Entry
-	done    chan error
+	partition int
+	entries   []store.Entry
+	done      chan error
 }
 
-// commit hands entries to the committer and waits for the transaction that
-// holds them. Lanes ack only after this returns nil.
-func (r *Runner) commit(entries []store.Entry) error {
+// errBehind fails a batch whose partition's changelog moved on under it
+// (another writer appended first). It is transient: once the follower has
+// applied what was appended, the batch is prepared again.
+var errBehind = errors.New("the partition's changelog moved on; catching up")
+
+// commit hands entries to the committer and waits until they are in the
+// changelog and SQLite. Workers ack only after this returns nil.
+func (r *Runner) commit(partition int, entries []store.Entry) error {
 	if len(entries) == 0 {
 		return nil
 	}
-	req := &commitReq{entries: entries, done: make(chan error, 1)}
+	req := &commitReq{partition: partition, entries: entries, done: make(chan error, 1)}
 	r.commits <- req
 	return <-req.done
 }
 
-// committer groups the batches of all workers that are waiting into one
-// transaction: with synchronous=FULL each transaction costs an fsync, so one
-// fsync for many inputs is what makes durable acks cheap.
-func (r *Runner) committer() {
-	for req := range r.commits {
-		reqs, n := []*commitReq{req}, len(req.entries)
-	gather:
-		for n < r.cfg.MaxBatch {
-			select {
-			case x, ok := <-r.commits:
-				if !ok {
-					break gather
-				}
-				reqs = append(reqs, x)
-				n += len(x.entries)
-			default:
-				break gather
-			}
+// logState is the committer's view of the changelog, owned by its
+// goroutine; applied is shared so that the follower skips, without decoding
+// them, the records this instance wrote itself.
+type logState struct {
+	applied   []uint64 // per partition: last CTX_STATE sequence the store reflects
+	pieceTail []uint64 // per partition: last piece of an unfinished record after applied
+	// pieceHead is, per partition, the first piece of a record not yet
+	// complete: the cursor a follower restarts from must not pass it, or
+	// the record could never be put together.
+	pieceHead []uint64
+	cursor    uint64 // every message up to it was handled
+
+	mu     sync.RWMutex
+	shared []uint64 // copy of applied for the follower
+	cur    uint64
+	moved  chan struct{} // closed and replaced whenever cursor moves
+}
+
+func newLogState(partitions int, pos map[int]uint64, cursor uint64) *logState {
+	ls := &logState{applied: make([]uint64, partitions+1), pieceTail: make([]uint64, partitions+1), pieceHead: make([]uint64, partitions+1),
+		shared: make([]uint64, partitions+1), cursor: cursor, cur: cursor, moved: make(chan struct{})}
+	for p, seq := range pos {
+		if p >= 0 && p <= partitions {
+			ls.applied[p], ls.shared[p] = seq, seq
 		}
-		all := make([]store.Entry, 0, n)
-		for _, x := range reqs {
-			all = append(all, x.entries...)
+	}
+	return ls
+}
+
+// fence is the sequence an append to partition p must find last: what the
+// store reflects, or the end of an unfinished record's pieces right after
+// it (a writer that died between pieces).
+func (ls *logState) fence(p int) uint64 { return max(ls.applied[p], ls.pieceTail[p]) }
+
+func (ls *logState) setApplied(p int, seq uint64) {
+	if seq <= ls.applied[p] {
+		return
+	}
+	ls.applied[p] = seq
+	ls.mu.Lock()
+	ls.shared[p] = seq
+	ls.mu.Unlock()
+}
+
+func (ls *logState) setCursor(seq uint64) {
+	for _, head := range ls.pieceHead {
+		if head > 0 {
+			seq = min(seq, head-1)
 		}
-		err := r.commitEntries(all)
-		for _, x := range reqs {
-			if err != nil && len(reqs) > 1 {
-				// One worker's entry may be at fault: commit each batch alone
-				// so the others are not held back by it.
-				x.done <- r.commitEntries(x.entries)
-				continue
-			}
-			x.done <- err
+	}
+	if seq <= ls.cursor {
+		return
+	}
+	ls.cursor = seq
+	ls.mu.Lock()
+	ls.cur = seq
+	close(ls.moved)
+	ls.moved = make(chan struct{})
+	ls.mu.Unlock()
+}
+
+// safeCursor is where a follower may restart: the cursor, or before the
+// first piece of a record still incomplete.
+func (ls *logState) safeCursor() uint64 {
+	ls.mu.RLock()
+	defer ls.mu.RUnlock()
+	return ls.cur
+}
+
+// has tells the follower whether the store holds p's message seq already.
+func (ls *logState) has(p int, seq uint64) bool {
+	ls.mu.RLock()
+	defer ls.mu.RUnlock()
+	return p >= 0 && p < len(ls.shared) && seq <= ls.shared[p]
+}
+
+// waitCursor waits until every changelog message up to seq was handled.
+func (ls *logState) waitCursor(ctx context.Context, seq uint64) error {
+	for {
+		ls.mu.RLock()
+		cur, moved := ls.cur, ls.moved
+		ls.mu.RUnlock()
+		if cur >= seq {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-moved:
 		}
 	}
 }
 
-func (r *Runner) commitEntries(entries []store.Entry) error {
+// Cursor is how far this instance has read the changelog.
+func (r *Runner) Cursor() uint64 {
+	r.log.mu.RLock()
+	defer r.log.mu.RUnlock()
+	return r.log.cur
+}
+
+// committer is the only writer of the store. It takes the workers' batches
+// (appending them to the changelog before committing them) and the
+// follower's records (other writers' appends), one transaction at a time:
+// with synchronous=FULL each transaction costs an fsync, so grouping many
+// inputs into one is what makes durable acks cheap.
+func (r *Runner) committer(followed <-chan changelog.Item) {
+	commits := r.commits
+	for commits != nil || followed != nil {
+		select {
+		case req, ok := <-commits:
+			if !ok {
+				commits = nil
+				continue
+			}
+			reqs, n := []*commitReq{req}, len(req.entries)
+		gather:
+			for n < r.cfg.MaxBatch {
+				select {
+				case x, ok := <-commits:
+					if !ok {
+						commits = nil
+						break gather
+					}
+					reqs = append(reqs, x)
+					n += len(x.entries)
+				default:
+					break gather
+				}
+			}
+			r.commitLocal(reqs)
+		case item, ok := <-followed:
+			if !ok {
+				followed = nil
+				continue
+			}
+			items := []changelog.Item{item}
+		more:
+			for len(items) < 512 {
+				select {
+				case x, ok := <-followed:
+					if !ok {
+						followed = nil
+						break more
+					}
+					items = append(items, x)
+				default:
+					break more
+				}
+			}
+			r.applyFollowed(items)
+		}
+	}
+}
+
+// partitionBatch is the requests of one partition in one commit round.
+type partitionBatch struct {
+	partition int
+	reqs      []*commitReq
+	entries   []store.Entry
+}
+
+// commitLocal appends the workers' batches to the changelog, one record per
+// partition, and commits them. The transaction is applied first and kept
+// open while appending: a change the store refuses never reaches the log,
+// and one the log refuses (ErrFenced) is rolled back.
+func (r *Runner) commitLocal(reqs []*commitReq) {
+	var batches []*partitionBatch
+	byPart := map[int]*partitionBatch{}
+	for _, q := range reqs {
+		b := byPart[q.partition]
+		if b == nil {
+			b = &partitionBatch{partition: q.partition}
+			byPart[q.partition] = b
+			batches = append(batches, b)
+		}
+		b.reqs = append(b.reqs, q)
+		b.entries = append(b.entries, q.entries...)
+	}
 	t0 := time.Now()
-	// A commit is short and must not be cut off halfway by shutdown: it
-	// runs on its own context.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	results, err := r.Store.Commit(ctx, entries)
-	if err != nil {
-		return fmt.Errorf("commit %d inputs: %w", len(entries), err)
+	at := time.Now().UnixMilli()
+
+	tx, batches := r.begin(ctx, at, batches, func(b *partitionBatch, err error) {
+		// One worker's entry may be at fault: with several batches, commit
+		// each alone so that the others are not held back by it.
+		if len(b.reqs) > 1 {
+			for _, q := range b.reqs {
+				r.commitLocal([]*commitReq{q})
+			}
+			return
+		}
+		b.reqs[0].done <- fmt.Errorf("commit %d inputs: %w", len(b.entries), err)
+	})
+	if tx == nil {
+		return
+	}
+	results := tx.Results()
+	// Append each partition's record; partitions in parallel.
+	seqs := make([]uint64, len(batches))
+	errs := make([]error, len(batches))
+	var wg sync.WaitGroup
+	for i, b := range batches {
+		var fresh []store.Entry
+		for k, e := range b.entries {
+			if !results[i][k].Duplicate {
+				fresh = append(fresh, e)
+			}
+		}
+		if len(fresh) == 0 {
+			continue
+		}
+		data, err := changelog.Encode(changelog.Record{Partition: b.partition, At: at, Entries: fresh})
+		if err != nil {
+			errs[i] = fmt.Errorf("encode changelog record: %w", err)
+			continue
+		}
+		wg.Add(1)
+		go func(i int, p int, fence uint64) {
+			defer wg.Done()
+			seqs[i], errs[i] = r.clog.Append(ctx, p, fence, data)
+		}(i, b.partition, r.log.fence(b.partition))
+	}
+	wg.Wait()
+	var kept []*partitionBatch
+	var keptSeqs []uint64
+	for i, b := range batches {
+		if errs[i] == nil {
+			kept, keptSeqs = append(kept, b), append(keptSeqs, seqs[i])
+			continue
+		}
+		err := errs[i]
+		if errors.Is(err, changelog.ErrFenced) {
+			r.Metrics.Inc("ctxpipe_changelog_fenced_total", "")
+			err = errBehind
+		}
+		for _, q := range b.reqs {
+			q.done <- fmt.Errorf("commit %d inputs: %w", len(b.entries), err)
+		}
+	}
+	if len(kept) < len(batches) {
+		// Undo the partitions whose append failed; the others are in the
+		// log and must be committed as they are.
+		tx.Rollback()
+		if len(kept) == 0 {
+			return
+		}
+		tx, kept = r.begin(ctx, at, kept, func(b *partitionBatch, err error) {
+			// In the log already: the follower will bring it in.
+			r.Log.Error("a change in the changelog cannot be committed here; the follower will retry it", "partition", b.partition, "err", err)
+			for _, q := range b.reqs {
+				q.done <- nil
+			}
+		})
+		if tx == nil {
+			return
+		}
+		results = tx.Results()
+	}
+	positions := map[int]uint64{}
+	for i, b := range kept {
+		if keptSeqs[i] > 0 {
+			positions[b.partition] = keptSeqs[i]
+		}
+	}
+	if err := tx.Commit(positions, 0); err != nil {
+		// The changes are in the log: the follower commits them.
+		r.Log.Error("commit after the changelog append failed; the follower will apply the records", "err", err)
+		for _, b := range kept {
+			for _, q := range b.reqs {
+				q.done <- nil
+			}
+		}
+		return
+	}
+	for p, seq := range positions {
+		r.log.setApplied(p, seq)
 	}
 	r.Metrics.Inc("ctxpipe_commits_total", "")
 	r.Metrics.Observe("ctxpipe_commit_seconds", "", time.Since(t0))
+	for i, b := range kept {
+		r.committed(b.entries, results[i])
+		for _, q := range b.reqs {
+			q.done <- nil
+		}
+	}
+	if r.Relay != nil {
+		r.Relay.Notify()
+	}
+}
+
+// begin opens a transaction holding batches, dropping (and reporting
+// through failed) each batch the store refuses. It returns nil when none is
+// left or the store fails as a whole (every request is then answered).
+func (r *Runner) begin(ctx context.Context, at int64, batches []*partitionBatch, failed func(*partitionBatch, error)) (*store.Tx, []*partitionBatch) {
+	for len(batches) > 0 {
+		groups := make([]store.Group, len(batches))
+		for i, b := range batches {
+			groups[i] = store.Group{At: at, Entries: b.entries}
+		}
+		tx, err := r.Store.Begin(ctx, groups)
+		if err == nil {
+			return tx, batches
+		}
+		var ge *store.GroupError
+		if !errors.As(err, &ge) {
+			for _, b := range batches {
+				for _, q := range b.reqs {
+					q.done <- fmt.Errorf("commit %d inputs: %w", len(b.entries), err)
+				}
+			}
+			return nil, nil
+		}
+		bad := batches[ge.Group]
+		batches = append(batches[:ge.Group:ge.Group], batches[ge.Group+1:]...)
+		failed(bad, ge.Err)
+	}
+	return nil, nil
+}
+
+// committed counts what a commit stored and wakes the queries waiting on it.
+func (r *Runner) committed(entries []store.Entry, results []store.Result) {
 	ids := make([]string, len(entries))
 	for i, e := range entries {
 		ids[i] = e.Input.ID
@@ -91,9 +376,94 @@ func (r *Runner) commitEntries(entries []store.Entry) error {
 			}
 		}
 	}
-	if r.Relay != nil {
-		r.Relay.Notify()
-	}
 	r.waiters.done(ids)
-	return nil
+}
+
+// applyFollowed commits the records other writers appended (and moves the
+// cursor past everything else) in one transaction.
+func (r *Runner) applyFollowed(items []changelog.Item) {
+	type rec struct {
+		p   int
+		seq uint64
+		r   *changelog.Record
+	}
+	var recs []rec
+	positions := map[int]uint64{}
+	var cursor uint64
+	for _, it := range items {
+		cursor = max(cursor, it.Seq)
+		if it.Partition >= 0 && it.Partition < len(r.log.pieceHead) {
+			// Anything but a piece ends the partition's run of pieces.
+			if !it.Piece {
+				r.log.pieceHead[it.Partition] = 0
+			}
+		}
+		switch {
+		case it.Err != nil:
+			r.Log.Error("changelog message unreadable; skipped", "seq", it.Seq, "partition", it.Partition, "err", it.Err)
+			r.Metrics.Inc("ctxpipe_changelog_unreadable_total", "")
+		case it.Piece:
+			if it.Seq > r.log.applied[it.Partition] {
+				r.log.pieceTail[it.Partition] = it.Seq
+				if r.log.pieceHead[it.Partition] == 0 {
+					r.log.pieceHead[it.Partition] = it.Seq
+				}
+			}
+			continue
+		case it.Record != nil && it.Seq > max(r.log.applied[it.Partition], positions[it.Partition]):
+			recs = append(recs, rec{it.Partition, it.Seq, it.Record})
+			positions[it.Partition] = it.Seq
+		}
+	}
+	old := time.Now().Add(-bus.DuplicateWindow / 2).UnixMilli()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		groups := make([]store.Group, len(recs))
+		for i, x := range recs {
+			// The writer's relay published these events long ago; only
+			// recent ones are sent again (the stream drops the copies), in
+			// case the writer died before its relay got to them.
+			groups[i] = store.Group{At: x.r.At, Entries: x.r.Entries, Published: x.r.At < old}
+		}
+		var tx *store.Tx
+		var err error
+		if len(groups) > 0 {
+			tx, err = r.Store.Begin(ctx, groups)
+		}
+		var ge *store.GroupError
+		if errors.As(err, &ge) {
+			// Another instance committed this record from the same state:
+			// this store differs from it. Nothing better than to say so.
+			r.Log.Error("changelog record cannot be applied here; skipped", "partition", recs[ge.Group].p, "seq", recs[ge.Group].seq, "err", ge.Err)
+			r.Metrics.Inc("ctxpipe_changelog_unreadable_total", "")
+			recs = append(recs[:ge.Group:ge.Group], recs[ge.Group+1:]...)
+			continue
+		}
+		if err == nil && tx != nil {
+			err = tx.Commit(positions, cursor)
+		} else if err == nil {
+			err = r.Store.SetLogCursor(ctx, cursor)
+		}
+		if err != nil {
+			r.Log.Error("applying the changelog failed; retrying", "err", err)
+			r.follower.retry()
+			return
+		}
+		for p, seq := range positions {
+			r.log.setApplied(p, seq)
+		}
+		r.log.setCursor(cursor)
+		if tx != nil {
+			res := tx.Results()
+			for i, x := range recs {
+				r.committed(x.r.Entries, res[i])
+			}
+			r.Metrics.Add("ctxpipe_changelog_applied_total", "", float64(len(recs)))
+			if r.Relay != nil {
+				r.Relay.Notify()
+			}
+		}
+		return
+	}
 }

@@ -41,6 +41,10 @@ type Config struct {
 	ProbeInterval time.Duration
 	// ShutdownTimeout bounds a graceful stop.
 	ShutdownTimeout time.Duration
+	// PinnedTTL is how long a partition's owner may go without pulling
+	// before the server gives the partition to a standby: the failover
+	// time after an instance dies. It must exceed PullExpiry.
+	PinnedTTL time.Duration
 }
 
 // DefaultConfig returns the defaults.
@@ -57,7 +61,8 @@ func DefaultConfig() Config {
 		MaxInputBytes:   4 << 20,
 		MaxHeldBytes:    256 << 20,
 		ShutdownTimeout: 20 * time.Second,
-		PullExpiry:      5 * time.Second,
+		PullExpiry:      time.Second,
+		PinnedTTL:       3 * time.Second,
 		ProbeInterval:   2 * time.Second,
 	}
 }
@@ -78,6 +83,7 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.MaxHeldBytes, d.MaxHeldBytes)
 	orDefault(&c.ShutdownTimeout, d.ShutdownTimeout)
 	orDefault(&c.PullExpiry, d.PullExpiry)
+	orDefault(&c.PinnedTTL, d.PinnedTTL)
 	orDefault(&c.ProbeInterval, d.ProbeInterval)
 	return c
 }
@@ -97,6 +103,9 @@ func (c Config) Validate() error {
 	}
 	if c.PullExpiry < time.Second {
 		return fmt.Errorf("pull expiry %v is too short: the server needs at least 1s", c.PullExpiry)
+	}
+	if c.PinnedTTL < c.PullExpiry+time.Second {
+		return fmt.Errorf("pinned TTL %v must exceed the pull expiry %v by a second: the owner renews its pin with every pull", c.PinnedTTL, c.PullExpiry)
 	}
 	if c.MaxDeliver < 2 {
 		return fmt.Errorf("max deliver %d leaves no room for a redelivery", c.MaxDeliver)

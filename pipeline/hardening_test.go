@@ -276,12 +276,14 @@ func TestSafeReply(t *testing.T) {
 	}
 }
 
-// The runner survives its durable consumer being deleted under it: it
-// rebuilds the consumer and goes on, and inputs published meanwhile land
-// once and in order (issue 14). Before, it returned and never fetched again.
+// The runner survives a partition's durable consumer being deleted under
+// it: it rebuilds the consumer and goes on, and inputs published meanwhile
+// land once and in order (issue 14). Before, it returned and never fetched
+// again.
 func TestRunnerRebuildsDeletedConsumer(t *testing.T) {
 	h := start(t)
 	var sent []string
+	var name string
 	for round := range 3 {
 		for range 5 {
 			sent = append(sent, h.turn("survivor", schema.RoleUser, 10).ID)
@@ -290,7 +292,9 @@ func TestRunnerRebuildsDeletedConsumer(t *testing.T) {
 		if ok, why := h.runner.Ready(); !ok {
 			t.Fatalf("round %d: not ready before the delete: %s", round, why)
 		}
-		if err := h.js.DeleteConsumer(context.Background(), bus.StreamIn, "ctxpipe"); err != nil {
+		// "survivor" has no tenant: the shared partition, numbered N.
+		name = bus.ConsumerFor("ctxpipe", h.runner.Partitions())
+		if err := h.js.DeleteConsumer(context.Background(), bus.StreamIn, name); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -308,7 +312,7 @@ func TestRunnerRebuildsDeletedConsumer(t *testing.T) {
 	if n := h.metrics.Value("ctxpipe_consumer_rebuilds_total", ""); n < 1 {
 		t.Fatalf("rebuilds %v", n)
 	}
-	cons, err := h.js.Consumer(context.Background(), bus.StreamIn, "ctxpipe")
+	cons, err := h.js.Consumer(context.Background(), bus.StreamIn, name)
 	if err != nil {
 		t.Fatalf("consumer after the deletes: %v", err)
 	}

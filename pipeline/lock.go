@@ -11,15 +11,17 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// LocksBucket is the KV bucket that records which instance consumes CTX_IN.
+// LocksBucket is the KV bucket where each running instance holds its name
+// (key instance.<name>): instances share the partitions, but two processes
+// must never run under one name.
 const LocksBucket = "ctx_locks"
 
 // lockTTL is how long a lock outlives its holder's last refresh: a killed
 // instance's lock lapses after it, and a new instance may start.
 const lockTTL = 15 * time.Second
 
-// ErrLockHeld means another instance consumes CTX_IN.
-var ErrLockHeld = errors.New("another ctxpipe instance is consuming")
+// ErrLockHeld means another live instance runs under this name.
+var ErrLockHeld = errors.New("another ctxpipe instance runs under this name")
 
 // Holder says who holds the instance lock. Two processes with the same
 // holder are the same logical instance (the same SQLite file on the same
@@ -34,12 +36,11 @@ type Holder struct {
 
 func (h Holder) same(o Holder) bool { return h.Host == o.Host && h.DataDir == o.DataDir }
 
-// InstanceLock refuses a second instance on the same consumer. The runner
-// deletes and recreates its durable consumer when it resumes (after its ack
-// floor), which would break another instance's consumption, and each
-// instance would keep half the state in its own SQLite file. Until
-// partitions are owned per instance, one instance consumes; the lock makes
-// that a clear refusal instead of silent damage.
+// InstanceLock holds an instance's name while it runs. Any number of
+// instances share the partitions (the server pins each partition to one),
+// but two processes under one name would be taken for one in logs and
+// metrics, and two on one data directory would share a SQLite file: the
+// lock refuses the second with a clear error.
 type InstanceLock struct {
 	kv       jetstream.KeyValue
 	key      string
@@ -48,15 +49,15 @@ type InstanceLock struct {
 	log      *slog.Logger
 }
 
-// AcquireLock takes the lock for consumer, or returns an error wrapping
-// ErrLockHeld that names the holder. replicas sizes the lock bucket when it
-// is created (match the streams').
-func AcquireLock(ctx context.Context, js jetstream.JetStream, consumer string, me Holder, replicas int, log *slog.Logger) (*InstanceLock, error) {
+// AcquireLock takes the lock for the instance name, or returns an error
+// wrapping ErrLockHeld that names the holder. replicas sizes the lock bucket
+// when it is created (match the streams').
+func AcquireLock(ctx context.Context, js jetstream.JetStream, name string, me Holder, replicas int, log *slog.Logger) (*InstanceLock, error) {
 	kv, err := js.KeyValue(ctx, LocksBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket:      LocksBucket,
-			Description: "ctxpipe: which instance consumes CTX_IN",
+			Description: "ctxpipe: the names of the running instances",
 			History:     1,
 			TTL:         lockTTL,
 			Storage:     jetstream.FileStorage,
@@ -69,7 +70,7 @@ func AcquireLock(ctx context.Context, js jetstream.JetStream, consumer string, m
 	if err != nil {
 		return nil, fmt.Errorf("lock bucket %s: %w", LocksBucket, err)
 	}
-	l := &InstanceLock{kv: kv, key: "consumer." + consumer, me: me, log: log}
+	l := &InstanceLock{kv: kv, key: "instance." + name, me: me, log: log}
 	if me.Since == "" {
 		l.me.Since = time.Now().UTC().Format(time.RFC3339)
 	}
@@ -83,8 +84,8 @@ func AcquireLock(ctx context.Context, js jetstream.JetStream, consumer string, m
 		var other Holder
 		_ = json.Unmarshal(e.Value(), &other)
 		if !other.same(me) {
-			return nil, fmt.Errorf("%w on %s: host %q, data dir %q, pid %d, since %s (one instance per consumer until partitioned scale-out; the lock lapses %v after its holder stops)",
-				ErrLockHeld, consumer, other.Host, other.DataDir, other.PID, other.Since, lockTTL)
+			return nil, fmt.Errorf("%w %q: host %q, data dir %q, pid %d, since %s (give each instance its own --name and --data-dir; the lock lapses %v after its holder stops)",
+				ErrLockHeld, name, other.Host, other.DataDir, other.PID, other.Since, lockTTL)
 		}
 		rev, err = kv.Update(ctx, l.key, val, e.Revision())
 	}

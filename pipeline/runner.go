@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/changelog"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/stages"
 	"github.com/ctxpipe/ctxpipe/store"
@@ -43,32 +44,34 @@ type Runner struct {
 
 	sched   *scheduler
 	commits chan *commitReq
-	// gen counts the consumers this runner has created: inputs fetched
-	// from an older one can no longer be acked (that consumer is gone) and
-	// come back from the new one, so their ack and in-progress failures are
-	// expected, not worth a warning.
-	gen atomic.Uint64
+
+	// partitions is N, as CTX_IN's transform has it; partition N is the
+	// shared one (inputs without a tenant).
+	partitions int
+	nParts     atomic.Int64 // partitions, for other goroutines
+	clog       *changelog.Log
+	log        *logState
+	follower   *follower
+	// failing counts the partitions whose consumer is being rebuilt, and
+	// owned those this instance holds the pin of.
+	failing atomic.Int64
+	owned   atomic.Int64
 
 	heldMu    sync.Mutex
 	held      map[*job]struct{}
 	heldBytes int
 	roomFreed *sync.Cond // signalled when held bytes go down
-	// maxSeq is the highest stream sequence fetched, and unapplied the
-	// sequences given back without being applied: with held they give the
-	// runner its own ack floor (ackFloor), so rebuilding the consumer
-	// after a node loss needs no answer from the consumer's old leader.
-	maxSeq    uint64
-	unapplied map[uint64]struct{}
 }
 
 // job is one fetched JetStream message on its way through a worker.
 type job struct {
-	msg     jetstream.Msg
-	conv    string // the subject's conversation token, "" when unreadable
-	seq     uint64 // stream sequence: the id of last resort
-	deliver uint64 // delivery count
-	gen     uint64 // the consumer generation it was fetched from
-	touched time.Time
+	msg       jetstream.Msg
+	partition int
+	subject   string // as published: the partition token taken out
+	conv      string // the subject's conversation token, "" when unreadable
+	seq       uint64 // stream sequence: the id of last resort
+	deliver   uint64 // delivery count
+	touched   time.Time
 }
 
 // New returns a runner; Run starts it.
@@ -83,7 +86,7 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	if d.Log == nil {
 		d.Log = slog.Default()
 	}
-	r := &Runner{cfg: cfg, Deps: d, waiters: newWaiters(), held: map[*job]struct{}{}, unapplied: map[uint64]struct{}{}}
+	r := &Runner{cfg: cfg, Deps: d, waiters: newWaiters(), held: map[*job]struct{}{}, clog: &changelog.Log{JS: d.JS}}
 	r.roomFreed = sync.NewCond(&r.heldMu)
 	r.Metrics.Help("ctxpipe_inputs_total", "Inputs by outcome (applied, rejected, duplicate).")
 	r.Metrics.Help("ctxpipe_events_total", "Events committed to the outbox, by type.")
@@ -98,26 +101,6 @@ func New(cfg Config, d Deps) (*Runner, error) {
 		return age.Seconds(), nil
 	})
 	return r, nil
-}
-
-// ConsumerConfig is the durable pull consumer the runner uses.
-func (r *Runner) ConsumerConfig() jetstream.ConsumerConfig {
-	return jetstream.ConsumerConfig{
-		Durable:       r.cfg.Consumer,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       r.cfg.AckWait,
-		MaxDeliver:    r.cfg.MaxDeliver,
-		MaxAckPending: r.cfg.Lanes*r.cfg.LaneBuffer + r.cfg.MaxBatch,
-		FilterSubject: bus.InputSubjects,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		// One replica, whatever the stream's: the consumer's only state
-		// is its position, which the runner rebuilds from its own ack floor
-		// (or, at start, SQLite's idempotency makes any earlier start
-		// safe). A replicated consumer would have to elect a new leader
-		// after a node loss before anything flows again (7-10 s), and
-		// creating one while a peer is down waits for that peer.
-		Replicas: 1,
-	}
 }
 
 // Run consumes until ctx is done, then stops gracefully: no new fetches,
@@ -135,8 +118,16 @@ func (r *Runner) Run(ctx context.Context) error {
 	// is given back to JetStream.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
+	if err := r.setup(ctx); err != nil {
+		r.health.stopped()
+		return err
+	}
 	r.sched = newScheduler()
 	r.commits = make(chan *commitReq, r.cfg.Lanes)
+	followCtx, stopFollowing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopFollowing()
+	r.follower = newFollower(r)
+	go r.follower.run(followCtx)
 	var workers, committer sync.WaitGroup
 	for range r.cfg.Lanes {
 		workers.Add(1)
@@ -148,7 +139,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	committer.Add(1)
 	go func() {
 		defer committer.Done()
-		r.committer()
+		r.committer(r.follower.out)
 	}()
 	hbDone := make(chan struct{})
 	go r.heartbeat(hbDone)
@@ -170,6 +161,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	t.Stop()
 	close(r.commits)
+	stopFollowing()
 	committer.Wait()
 	close(hbDone)
 	r.health.stopped()
@@ -185,207 +177,6 @@ func (r *Runner) Run(ctx context.Context) error {
 // heard from it recently. It is what /readyz reports.
 func (r *Runner) Ready() (bool, string) { return r.health.ready(time.Now(), 3*r.cfg.ProbeInterval) }
 
-// consume (re)builds the consumer and fetches from it until ctx is done.
-// Every failure is logged and followed, once consuming works again, by a
-// recovery line.
-func (r *Runner) consume(ctx context.Context) error {
-	backoff := newBackoff(250*time.Millisecond, 2*time.Second)
-	var failedAt time.Time
-	failures := 0
-	for ctx.Err() == nil {
-		err := r.consumeOnce(ctx, func() {
-			if failures > 0 {
-				r.Log.Info("consuming again", "stream", bus.StreamIn, "consumer", r.cfg.Consumer,
-					"failures", failures, "down_for", time.Since(failedAt).Round(time.Millisecond))
-				failures = 0
-			}
-			backoff.reset()
-		})
-		if ctx.Err() != nil {
-			return nil
-		}
-		if errors.Is(err, nats.ErrConnectionClosed) {
-			return fmt.Errorf("consume %s: %w", bus.StreamIn, err)
-		}
-		if failures == 0 {
-			failedAt = time.Now()
-		}
-		failures++
-		r.health.down(err)
-		r.Metrics.Inc("ctxpipe_consumer_rebuilds_total", "")
-		wait := backoff.next()
-		r.Log.Error("consumer failed; rebuilding it", "stream", bus.StreamIn, "consumer", r.cfg.Consumer,
-			"err", err, "attempt", failures, "retry_in", wait)
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
-		}
-	}
-	return nil
-}
-
-// consumeOnce creates the consumer after its ack floor and fetches from it
-// until ctx is done (nil) or the iterator fails (the error). up is called
-// once the consumer exists and fetching has started.
-func (r *Runner) consumeOnce(ctx context.Context, up func()) error {
-	cons, err := r.resume(ctx)
-	if err != nil {
-		return err
-	}
-	it, err := cons.Messages(
-		jetstream.PullMaxMessages(min(r.cfg.Lanes*r.cfg.LaneBuffer/2, 2048)),
-		// Short pulls with frequent heartbeats: a lost consumer leader is
-		// noticed in two heartbeats, not in the library's default 30 s.
-		jetstream.PullExpiry(r.cfg.PullExpiry),
-		jetstream.PullHeartbeat(r.cfg.PullExpiry/5),
-	)
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", bus.StreamIn, err)
-	}
-	defer it.Stop()
-	// On shutdown, drain: messages already buffered are still dispatched
-	// (and acked after their commit) rather than dropped.
-	stopDrain := context.AfterFunc(ctx, it.Drain)
-	defer stopDrain()
-
-	probeCtx, stopProbe := context.WithCancel(ctx)
-	defer stopProbe()
-	go r.probe(probeCtx, cons)
-
-	r.health.up()
-	r.Log.Info("consuming", "stream", bus.StreamIn, "consumer", r.cfg.Consumer, "workers", r.cfg.Lanes)
-	up()
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil && errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return nil
-			}
-			return fmt.Errorf("fetch from %s: %w", bus.StreamIn, err)
-		}
-		r.health.fetched(time.Now())
-		r.dispatch(msg)
-	}
-}
-
-// probe asks the server about the consumer and its stream every
-// ProbeInterval while the runner fetches. An idle consumer sends no
-// messages, so without this the runner could not tell an idle stream from a
-// dead consumer; and a stream without a leader (no quorum) stores no new
-// input, so nothing can be consumed even while the consumer answers.
-func (r *Runner) probe(ctx context.Context, cons jetstream.Consumer) {
-	t := time.NewTicker(r.cfg.ProbeInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		pctx, cancel := context.WithTimeout(ctx, r.cfg.ProbeInterval)
-		err := r.check(pctx, cons)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil:
-			r.health.probeFailed(err)
-		default:
-			r.health.fetched(time.Now())
-		}
-	}
-}
-
-// check asks for the consumer's and the stream's info; both need a leader.
-func (r *Runner) check(ctx context.Context, cons jetstream.Consumer) error {
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("consumer info: %w", err)
-	}
-	if info.Cluster != nil && info.Cluster.Leader == "" && len(info.Cluster.Replicas) > 0 {
-		return errors.New("consumer has no leader")
-	}
-	s, err := r.JS.Stream(ctx, bus.StreamIn)
-	if err != nil {
-		return fmt.Errorf("stream info: %w", err)
-	}
-	if c := s.CachedInfo().Cluster; c != nil && c.Leader == "" {
-		return errors.New("stream has no leader")
-	}
-	return nil
-}
-
-// resume (re)creates the durable consumer so that it starts right after its
-// ack floor. JetStream redelivers what a killed instance held only when the
-// ack wait expires, while newer inputs flow at once: a conversation's later
-// turns would overtake its earlier ones. Starting again from the ack floor
-// delivers everything not yet acked in stream order; inputs above the floor
-// that were applied already are dropped as duplicates by input id. The same
-// holds when the runner rebuilds its own consumer after a failure: what the
-// old iterator had buffered comes back in order.
-//
-// This assumes one instance owns the consumer (see InstanceLock). With
-// several instances each will own its own partitions' consumers, and the
-// same resume applies per partition when an instance takes one over.
-func (r *Runner) resume(ctx context.Context) (jetstream.Consumer, error) {
-	// While a cluster elects leaders, API requests may go unanswered: give
-	// up on each soon and try again, rather than wait out a long timeout.
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	cfg := r.ConsumerConfig()
-	if floor, ok := r.ackFloor(); ok {
-		// A rebuild: this runner knows its own floor. Asking the old
-		// consumer would wait for it to elect a leader after a node loss.
-		if err := r.JS.DeleteConsumer(ctx, bus.StreamIn, cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return nil, fmt.Errorf("reset consumer %s: %w", cfg.Durable, err)
-		}
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
-		r.Log.Info("resuming after this runner's ack floor", "consumer", cfg.Durable, "ack_floor", floor)
-	} else {
-		old, err := r.JS.Consumer(ctx, bus.StreamIn, cfg.Durable)
-		switch {
-		case errors.Is(err, jetstream.ErrConsumerNotFound):
-		case err != nil:
-			return nil, fmt.Errorf("consumer %s: %w", cfg.Durable, err)
-		default:
-			info := old.CachedInfo()
-			if floor := info.AckFloor.Stream; floor > 0 {
-				cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
-			}
-			if err := r.JS.DeleteConsumer(ctx, bus.StreamIn, cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-				return nil, fmt.Errorf("reset consumer %s: %w", cfg.Durable, err)
-			}
-			r.Log.Info("resuming after the ack floor", "consumer", cfg.Durable, "ack_floor", info.AckFloor.Stream,
-				"unacked", info.NumAckPending, "delivered", info.Delivered.Stream)
-		}
-	}
-	// Inputs held from the consumer just deleted can no longer be acked.
-	r.gen.Add(1)
-	cons, err := r.JS.CreateOrUpdateConsumer(ctx, bus.StreamIn, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("create consumer %s: %w", cfg.Durable, err)
-	}
-	if cfg.OptStartSeq > 0 {
-		r.restartAt(cfg.OptStartSeq)
-	}
-	return cons, nil
-}
-
-func (r *Runner) dispatch(msg jetstream.Msg) {
-	j := &job{msg: msg, touched: time.Now(), gen: r.gen.Load()}
-	if md, err := msg.Metadata(); err == nil {
-		j.seq, j.deliver = md.Sequence.Stream, md.NumDelivered
-		if j.deliver > 1 {
-			r.Metrics.Inc("ctxpipe_redeliveries_total", "")
-		}
-	}
-	if conv, _, err := schema.ParseSubject(msg.Subject()); err == nil || conv != "" {
-		j.conv = conv
-	}
-	r.hold(j)
-	r.sched.push(j)
-}
-
 // hold registers a fetched input. The scheduler never blocks the
 // dispatcher, so this is where memory is bounded: past MaxHeldBytes the
 // dispatcher waits for the workers to ack (one input is always let through,
@@ -398,42 +189,7 @@ func (r *Runner) hold(j *job) {
 	}
 	r.held[j] = struct{}{}
 	r.heldBytes += n
-	r.maxSeq = max(r.maxSeq, j.seq)
 	r.heldMu.Unlock()
-}
-
-// ackFloor is the highest sequence below which every input fetched was
-// applied (committed): nothing held, nothing given back. ok is false before
-// anything was fetched.
-func (r *Runner) ackFloor() (floor uint64, ok bool) {
-	r.heldMu.Lock()
-	defer r.heldMu.Unlock()
-	if r.maxSeq == 0 {
-		return 0, false
-	}
-	floor = r.maxSeq
-	for j := range r.held {
-		if j.seq > 0 && j.seq <= floor {
-			floor = j.seq - 1
-		}
-	}
-	for seq := range r.unapplied {
-		if seq <= floor {
-			floor = seq - 1
-		}
-	}
-	return floor, true
-}
-
-// restartAt records that a new consumer delivers everything from seq on:
-// what was given back before is delivered again, and nothing at or above
-// seq counts as fetched until it arrives anew (a second rebuild before it
-// does must start from seq again, not skip it).
-func (r *Runner) restartAt(seq uint64) {
-	r.heldMu.Lock()
-	defer r.heldMu.Unlock()
-	clear(r.unapplied)
-	r.maxSeq = seq - 1
 }
 
 func (r *Runner) release(j *job) {
@@ -475,8 +231,8 @@ func (r *Runner) heartbeat(done <-chan struct{}) {
 			}
 			r.heldMu.Unlock()
 			for _, j := range due {
-				if err := j.msg.InProgress(); err != nil && j.gen == r.gen.Load() {
-					r.Log.Warn("in-progress ack failed", "seq", j.seq, "err", err)
+				if err := j.msg.InProgress(); err != nil {
+					r.Log.Debug("in-progress ack failed", "seq", j.seq, "err", err)
 				}
 			}
 		}
@@ -510,7 +266,7 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 	for {
 		entries, err := r.prepare(ctx, batch)
 		if err == nil {
-			err = r.commit(entries)
+			err = r.commit(batch[0].partition, entries)
 		}
 		if err == nil {
 			r.ack(batch)
@@ -546,7 +302,7 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 // its conversation again. If even that cannot be committed, the input is given back.
 func (r *Runner) poison(ctx context.Context, j *job, cause error) {
 	e := r.rejection(j, "", schema.Errorf(schema.ReasonPoison, "gave up after the retry budget: %v", cause))
-	if err := r.commit([]store.Entry{e}); err != nil {
+	if err := r.commit(j.partition, []store.Entry{e}); err != nil {
 		// The store itself is failing: give the input back, after a pause so
 		// that it does not come straight back into the same failure.
 		r.Log.Error("cannot record a poison input; giving it back", "seq", j.seq, "err", err)
@@ -564,8 +320,9 @@ func (r *Runner) ack(batch []*job) {
 		// Ack, not DoubleAck: a lost ack only causes a redelivery, which the
 		// input-id check turns into a no-op, and waiting for the server's
 		// confirmation per message would halve throughput.
-		if err := j.msg.Ack(); err != nil && j.gen == r.gen.Load() {
-			r.Log.Warn("ack failed; the input will be redelivered and skipped", "seq", j.seq, "err", err)
+		if err := j.msg.Ack(); err != nil {
+			// Expected after the pin moved: the new owner has it.
+			r.Log.Debug("ack failed; the input will be redelivered and skipped", "seq", j.seq, "err", err)
 		}
 		r.release(j)
 	}
@@ -574,16 +331,9 @@ func (r *Runner) ack(batch []*job) {
 // giveBack naks inputs that were not applied (shutdown), so another
 // instance, or this one after a restart, gets them at once.
 func (r *Runner) giveBack(batch []*job) {
-	r.heldMu.Lock()
 	for _, j := range batch {
-		if j.seq > 0 {
-			r.unapplied[j.seq] = struct{}{}
-		}
-	}
-	r.heldMu.Unlock()
-	for _, j := range batch {
-		if err := j.msg.Nak(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) && j.gen == r.gen.Load() {
-			r.Log.Warn("nak failed", "seq", j.seq, "err", err)
+		if err := j.msg.Nak(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			r.Log.Debug("nak failed", "seq", j.seq, "err", err)
 		}
 		r.release(j)
 	}
@@ -677,7 +427,7 @@ func (r *Runner) reusedID(j *job, in schema.Input, prev store.SeenInput, seen ma
 // decode checks an input's size and delivery count and decodes it; a bad
 // input comes back as its rejection entry.
 func (r *Runner) decode(j *job) (schema.Input, *store.Entry) {
-	data, subject := j.msg.Data(), j.msg.Subject()
+	data, subject := j.msg.Data(), j.subject
 	var cause error
 	switch {
 	case len(data) > r.cfg.MaxInputBytes:
@@ -741,7 +491,7 @@ func (r *Runner) apply(ctx context.Context, j *job, in schema.Input, views map[s
 	seen[in.ID] = true
 	return &store.Entry{
 		Input: store.InputRecord{
-			ID: in.ID, ConversationID: in.ConversationID, Kind: string(in.Kind), Subject: j.msg.Subject(),
+			ID: in.ID, ConversationID: in.ConversationID, Kind: string(in.Kind), Subject: j.subject,
 			TS: in.TS, Payload: j.msg.Data(), Status: store.StatusApplied,
 		},
 		Changes: ch,
@@ -773,9 +523,9 @@ func (r *Runner) rejection(j *job, id string, cause error) store.Entry {
 	}
 	conv := j.conv
 	if !schema.ValidConversationKey(conv) {
-		conv = schema.ConversationKey(schema.SubjectTenant(j.msg.Subject()), schema.InvalidConversationID)
+		conv = schema.ConversationKey(schema.SubjectTenant(j.subject), schema.InvalidConversationID)
 	}
-	subject := j.msg.Subject()
+	subject := j.subject
 	kind := subject[strings.LastIndexByte(subject, '.')+1:]
 	ts := time.Now().UnixMilli()
 	r.Log.Info("input rejected", "conv", conv, "input_id", id, "reason", reason, "detail", msg)

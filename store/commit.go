@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/ctxpipe/ctxpipe/schema"
 )
@@ -38,6 +39,29 @@ type InputRecord struct {
 	Payload        []byte
 	Status         Status
 	Reason         string // the rejection reason code; empty when applied
+	// Stored, when set, says Payload is already what the row keeps (a
+	// rejected payload's prefix) and gives the whole payload's hash and
+	// size: an input replayed from the changelog, which never carried the
+	// whole of a rejected payload.
+	Stored *StoredPayload
+}
+
+// StoredPayload is the hash and size of a payload of which only a part may
+// be at hand.
+type StoredPayload struct {
+	Hash [32]byte
+	Size int
+}
+
+// StoredForm returns the record as its row keeps it: Payload cut to what is
+// stored, with Stored set. Encoding that form (the changelog does) keeps a
+// rejected 8 MiB payload from being carried anywhere.
+func (in InputRecord) StoredForm() InputRecord {
+	if in.Stored == nil {
+		in.Stored = &StoredPayload{Hash: PayloadHash(in.Payload), Size: len(in.Payload)}
+		in.Payload = storedPayload(in.Status, in.Payload)
+	}
+	return in
 }
 
 // Entry is one input and what it does. Changes may be nil (the input is only
@@ -82,6 +106,7 @@ func (e *EntryError) Unwrap() error { return e.Err }
 type encoded struct {
 	in      InputRecord
 	hash    [32]byte // of the whole payload
+	size    int      // of the whole payload
 	payload []byte   // what the row keeps of it
 	ch      *schema.Changes
 	conv    string
@@ -118,56 +143,190 @@ type encodedEvent struct {
 // deleting a message that does not exist is not (the goal is reached).
 // IsTransient tells whether a failure is worth retrying unchanged.
 func (s *Store) Commit(ctx context.Context, batch []Entry) ([]Result, error) {
-	if s.closed.Load() {
-		return nil, ErrClosed
-	}
 	if len(batch) == 0 {
 		return nil, nil
 	}
-	enc := make([]encoded, len(batch))
-	for i, e := range batch {
-		x, err := encodeEntry(e)
-		if err != nil {
-			return nil, fmt.Errorf("commit: %w", &EntryError{Index: i, InputID: e.Input.ID, Err: err})
+	tx, err := s.Begin(ctx, []Group{{Entries: batch}})
+	if err != nil {
+		var ge *GroupError
+		if errors.As(err, &ge) {
+			err = ge.Err
 		}
-		enc[i] = x
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	if err := tx.Commit(nil, 0); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	return tx.Results()[0], nil
+}
+
+// Group is one unit of a transaction: the entries of one changelog record.
+// Each group is a step of its conversations' change sequences, whatever
+// transaction it is applied in, so a database that applies the same groups
+// in other transactions (a follower, a rebuild) ends up byte-identical.
+type Group struct {
+	// At is the commit time the rows record (received_at, updated_at), in
+	// Unix milliseconds; 0 means now.
+	At      int64
+	Entries []Entry
+	// Published stores the group's events in the outbox as published
+	// already (a rebuild, or changelog records old enough that their
+	// events left long ago).
+	Published bool
+}
+
+// GroupError says which group made Begin fail; the transaction was rolled
+// back. Err is usually an *EntryError.
+type GroupError struct {
+	Group int
+	Err   error
+}
+
+func (e *GroupError) Error() string { return fmt.Sprintf("group %d: %v", e.Group, e.Err) }
+
+func (e *GroupError) Unwrap() error { return e.Err }
+
+// Tx is a write transaction holding applied groups, not yet committed: the
+// caller appends them to the changelog first, then commits with the
+// changelog positions they reached (or rolls back when the append failed).
+// Only one Tx may be open at a time (SQLite has one writer).
+type Tx struct {
+	s       *Store
+	tx      *sql.Tx
+	c       *committer
+	enc     [][]encoded
+	results [][]Result
+	done    bool
+}
+
+// Begin applies groups, in order, in one transaction and returns it open.
+// A group that cannot be applied fails the whole Begin with a *GroupError,
+// after a rollback.
+func (s *Store) Begin(ctx context.Context, groups []Group) (*Tx, error) {
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	enc := make([][]encoded, len(groups))
+	for g, grp := range groups {
+		enc[g] = make([]encoded, len(grp.Entries))
+		for i, e := range grp.Entries {
+			x, err := encodeEntry(e)
+			if err != nil {
+				return nil, &GroupError{Group: g, Err: &EntryError{Index: i, InputID: e.Input.ID, Err: err}}
+			}
+			enc[g][i] = x
+		}
 	}
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
-		return nil, fmt.Errorf("commit: begin: %w", err)
+		return nil, fmt.Errorf("begin: %w", err)
 	}
-	defer tx.Rollback() // a no-op after Commit
-	c := newCommitter(tx, s.now().UnixMilli())
-	results := make([]Result, len(enc))
-	for i := range enc {
-		r, err := c.apply(ctx, &enc[i])
-		if err != nil {
-			return nil, fmt.Errorf("commit: %w", &EntryError{Index: i, InputID: enc[i].in.ID, Err: err})
+	t := &Tx{s: s, tx: tx, c: newCommitter(tx, s.now().UnixMilli()), enc: enc, results: make([][]Result, len(groups))}
+	for g, grp := range groups {
+		t.c.group(g, grp.At, grp.Published)
+		t.results[g] = make([]Result, len(enc[g]))
+		for i := range enc[g] {
+			r, err := t.c.apply(ctx, &enc[g][i])
+			if err != nil {
+				tx.Rollback()
+				return nil, &GroupError{Group: g, Err: &EntryError{Index: i, InputID: enc[g][i].in.ID, Err: err}}
+			}
+			t.results[g][i] = r
 		}
-		results[i] = r
 	}
-	if err := c.writeStates(ctx); err != nil {
-		return nil, fmt.Errorf("commit: %w", err)
+	if err := t.c.writeStates(ctx); err != nil {
+		tx.Rollback()
+		return nil, err
 	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("commit: %w", err)
+	return t, nil
+}
+
+// Results are the outcomes of each group's entries.
+func (t *Tx) Results() [][]Result { return t.results }
+
+// Commit records the changelog positions (partition → CTX_STATE sequence,
+// only ever raised) and the follower's cursor (0: unchanged), and commits.
+func (t *Tx) Commit(positions map[int]uint64, cursor uint64) error {
+	if t.done {
+		return errors.New("transaction already finished")
+	}
+	t.done = true
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for p, seq := range positions {
+		if _, err := t.c.exec(ctx, qPutPosition, p, seq); err != nil {
+			t.tx.Rollback()
+			return fmt.Errorf("changelog position of %d: %w", p, err)
+		}
+	}
+	if cursor > 0 {
+		if _, err := t.c.exec(ctx, qPutCursor, cursor); err != nil {
+			t.tx.Rollback()
+			return fmt.Errorf("changelog cursor: %w", err)
+		}
+	}
+	if err := t.tx.Commit(); err != nil {
+		return err
 	}
 	// The next batch of these conversations reads these messages back at
 	// once: keep them decoded rather than decode the bodies just encoded.
-	for i := range enc {
-		if !results[i].Duplicate {
-			for _, em := range enc[i].msgs {
-				s.cache.put(em.m.ID, em.m, len(em.body))
+	for g := range t.enc {
+		for i := range t.enc[g] {
+			if !t.results[g][i].Duplicate {
+				for _, em := range t.enc[g][i].msgs {
+					t.s.cache.put(em.m.ID, em.m, len(em.body))
+				}
 			}
 		}
 	}
-	return results, nil
+	return nil
+}
+
+// Rollback undoes everything Begin applied.
+func (t *Tx) Rollback() error {
+	if t.done {
+		return nil
+	}
+	t.done = true
+	return t.tx.Rollback()
+}
+
+// LogPositions returns how far this database has applied each partition's
+// changelog, and the follower's cursor (0 before any).
+func (s *Store) LogPositions(ctx context.Context) (map[int]uint64, uint64, error) {
+	rows, err := s.w.QueryContext(ctx, `SELECT partition, seq FROM changelog_positions`)
+	if err != nil {
+		return nil, 0, fmt.Errorf("changelog positions: %w", err)
+	}
+	defer rows.Close()
+	pos := map[int]uint64{}
+	for rows.Next() {
+		var p int
+		var seq uint64
+		if err := rows.Scan(&p, &seq); err != nil {
+			return nil, 0, fmt.Errorf("changelog positions: %w", err)
+		}
+		pos[p] = seq
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("changelog positions: %w", err)
+	}
+	var cursor uint64
+	err = s.w.QueryRowContext(ctx, `SELECT seq FROM changelog_cursor WHERE id = 0`).Scan(&cursor)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return nil, 0, fmt.Errorf("changelog cursor: %w", err)
+	}
+	return pos, cursor, nil
 }
 
 func encodeEntry(e Entry) (encoded, error) {
 	in := e.Input
-	x := encoded{in: in, ch: e.Changes, conv: in.ConversationID,
-		hash: PayloadHash(in.Payload), payload: storedPayload(in.Status, in.Payload)}
+	x := encoded{in: in, ch: e.Changes, conv: in.ConversationID}
+	if in.Stored != nil {
+		x.hash, x.size, x.payload = in.Stored.Hash, in.Stored.Size, in.Payload
+	} else {
+		x.hash, x.size, x.payload = PayloadHash(in.Payload), len(in.Payload), storedPayload(in.Status, in.Payload)
+	}
 	if in.ID == "" {
 		return x, errors.New("input id is empty")
 	}
@@ -267,14 +426,19 @@ func tagColumn(f schema.TagField) (string, error) {
 // distinct statement once per transaction.
 type committer struct {
 	tx    *sql.Tx
-	now   int64
-	stmts map[string]*sql.Stmt
+	start int64 // when the transaction began
+	now   int64 // the current group's commit time
+	// g is the current group, and published whether its outbox rows are
+	// stored as published.
+	g         int
+	published bool
+	stmts     map[string]*sql.Stmt
 	// lastPos caches each conversation's highest pos within the transaction,
 	// so an append costs no MAX() query after the first.
 	lastPos map[string]float64
 	// states holds the newest state per conversation; only the last one of
 	// a batch is written, once, after every entry has applied.
-	states     map[string][]byte
+	states     map[string]stateRow
 	stateOrder []string
 	// seqs holds the change sequence of each conversation whose history
 	// this transaction changes: one step per transaction.
@@ -282,19 +446,37 @@ type committer struct {
 	seqOrder []string
 }
 
-// historySeq is a conversation's row of history_seq within a transaction.
+// historySeq is a conversation's row of history_seq within a transaction;
+// group is the group that took its last step.
 type historySeq struct {
 	seq, reset int64
+	group      int
+}
+
+// stateRow is a conversation's newest state within a transaction and the
+// commit time of the group that set it.
+type stateRow struct {
+	body []byte
+	at   int64
 }
 
 func newCommitter(tx *sql.Tx, now int64) *committer {
-	return &committer{tx: tx, now: now, stmts: map[string]*sql.Stmt{},
-		lastPos: map[string]float64{}, states: map[string][]byte{}, seqs: map[string]*historySeq{}}
+	return &committer{tx: tx, now: now, start: now, stmts: map[string]*sql.Stmt{},
+		lastPos: map[string]float64{}, states: map[string]stateRow{}, seqs: map[string]*historySeq{}}
+}
+
+// group starts group g, committed at at (0: the transaction's start).
+func (c *committer) group(g int, at int64, published bool) {
+	c.g, c.published, c.now = g, published, at
+	if at == 0 {
+		c.now = c.start
+	}
 }
 
 func (c *committer) writeStates(ctx context.Context) error {
 	for _, conv := range c.stateOrder {
-		if _, err := c.exec(ctx, qPutState, conv, c.states[conv], c.now); err != nil {
+		st := c.states[conv]
+		if _, err := c.exec(ctx, qPutState, conv, st.body, st.at); err != nil {
 			return fmt.Errorf("put state of %s: %w", conv, err)
 		}
 	}
@@ -307,8 +489,8 @@ func (c *committer) writeStates(ctx context.Context) error {
 	return nil
 }
 
-// bump returns the change sequence this transaction gives conversation
-// conv, taking one step past the stored one at its first change; reset
+// bump returns the change sequence the current group gives conversation
+// conv, taking one step past the previous one at its first change; reset
 // records that the change was more than an append.
 func (c *committer) bump(ctx context.Context, conv string, reset bool) (int64, error) {
 	hs, ok := c.seqs[conv]
@@ -322,8 +504,13 @@ func (c *committer) bump(ctx context.Context, conv string, reset bool) (int64, e
 			return 0, fmt.Errorf("change sequence of %s: %w", conv, err)
 		}
 		hs.seq++
+		hs.group = c.g
 		c.seqs[conv] = hs
 		c.seqOrder = append(c.seqOrder, conv)
+	} else if hs.group != c.g {
+		// One step per group, not per transaction (see Group).
+		hs.seq++
+		hs.group = c.g
 	}
 	if reset {
 		hs.reset = hs.seq
@@ -392,7 +579,11 @@ const (
 	qDelete    = `DELETE FROM messages WHERE conversation_id = ? AND id = ?`
 	qPutState  = `INSERT INTO conversations (id, state, updated_at) VALUES (?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at`
 	qPutEvent  = `INSERT INTO events (id, conversation_id, type, ts, input_id, ref_id, body) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`
-	qPutOutbox = `INSERT INTO outbox (event_id, subject, data) VALUES (?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
+	qPutOutbox = `INSERT INTO outbox (event_id, subject, data, published_at) VALUES (?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
+
+	qPutPosition = `INSERT INTO changelog_positions (partition, seq) VALUES (?, ?)
+		ON CONFLICT (partition) DO UPDATE SET seq = MAX(seq, excluded.seq)`
+	qPutCursor = `INSERT INTO changelog_cursor (id, seq) VALUES (0, ?) ON CONFLICT (id) DO UPDATE SET seq = MAX(seq, excluded.seq)`
 )
 
 // ErrIDConflict fails a batch holding an applied input whose id was stored
@@ -422,7 +613,7 @@ func (c *committer) applyInput(ctx context.Context, x *encoded) (Result, error) 
 	in := x.in
 	r := Result{InputID: in.ID}
 	res, err := c.exec(ctx, qInsertInput, in.ID, in.ConversationID, in.Kind, in.Subject, in.TS, x.payload,
-		x.hash[:], len(in.Payload), string(in.Status), in.Reason, c.now)
+		x.hash[:], x.size, string(in.Status), in.Reason, c.now)
 	if err != nil {
 		return r, fmt.Errorf("insert input: %w", err)
 	}
@@ -484,7 +675,7 @@ func (c *committer) applyChanges(ctx context.Context, x *encoded) error {
 		if _, ok := c.states[x.conv]; !ok {
 			c.stateOrder = append(c.stateOrder, x.conv)
 		}
-		c.states[x.conv] = x.state
+		c.states[x.conv] = stateRow{body: x.state, at: c.now}
 	}
 	for _, ev := range x.events {
 		h := ev.h
@@ -497,7 +688,11 @@ func (c *committer) applyChanges(ctx context.Context, x *encoded) error {
 		} else if n == 0 {
 			continue // already stored, and so already in the outbox
 		}
-		if _, err := c.exec(ctx, qPutOutbox, h.ID, ev.subject, ev.body); err != nil {
+		var published any
+		if c.published {
+			published = c.now
+		}
+		if _, err := c.exec(ctx, qPutOutbox, h.ID, ev.subject, ev.body, published); err != nil {
 			return fmt.Errorf("outbox event %s: %w", h.ID, err)
 		}
 	}
@@ -574,4 +769,13 @@ func (c *committer) position(ctx context.Context, conv, before string) (float64,
 		}
 		delete(c.lastPos, conv)
 	}
+}
+
+// SetLogCursor records that the follower read the changelog up to seq (only
+// ever raised) when nothing it read needed a commit.
+func (s *Store) SetLogCursor(ctx context.Context, seq uint64) error {
+	if _, err := s.w.ExecContext(ctx, qPutCursor, seq); err != nil {
+		return fmt.Errorf("changelog cursor: %w", err)
+	}
+	return nil
 }

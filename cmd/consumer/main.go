@@ -21,6 +21,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
 		os.Exit(2)
 	}
+	if m.Config.Rebuild {
+		if err := m.RebuildDB(ctx, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "consumer: rebuild:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := m.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
 		_ = m.Close()

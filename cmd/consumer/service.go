@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -49,6 +51,13 @@ type Config struct {
 	// Replicas of the streams and buckets ctxpipe creates (1 for one
 	// server, 3 for a cluster). Starting never lowers an existing stream's.
 	Replicas int
+	// Partitions is N when ctxpipe creates CTX_IN (an existing stream keeps
+	// its own). Name is this instance's, unique among those running.
+	Partitions int
+	Name       string
+	// Rebuild, when set, rebuilds the SQLite file from CTX_STATE, proves it
+	// identical to the current one and exits instead of serving.
+	Rebuild  bool
 	NATS     bus.ConnConfig
 	Globals  schema.Globals
 	Pipeline pipeline.Config
@@ -63,6 +72,7 @@ func DefaultConfig() Config {
 		LogLevel:   "info",
 		LogFormat:  "text",
 		Retention:  7 * 24 * time.Hour,
+		Partitions: bus.DefaultPartitions,
 		PruneEvery: time.Hour,
 		Globals:    schema.DefaultGlobals(),
 		Pipeline:   pipeline.DefaultConfig(),
@@ -108,6 +118,9 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "replicas of CTX_IN, CTX_EVENTS and the buckets (3 on a cluster; 0: 1 when creating them, an existing stream's as they are); an existing stream's are raised when asked, never lowered")
+	fs.IntVar(&c.Partitions, "partitions", c.Partitions, "partitions of CTX_IN when ctxpipe creates it (fixed for a deployment: an existing stream keeps its own)")
+	fs.StringVar(&c.Name, "name", c.Name, "this instance's name, unique among the running instances (default: host name and a hash of the data dir)")
+	fs.BoolVar(&c.Rebuild, "rebuild", c.Rebuild, "rebuild the SQLite file from CTX_STATE alone, prove it identical to the current one, and exit")
 	fs.DurationVar(&c.Retention, "retention", c.Retention, "how long published outbox rows and rejected payloads are kept (history, events and applied inputs are kept for ever)")
 	fs.DurationVar(&c.PruneEvery, "prune-every", c.PruneEvery, "how often old outbox rows and rejected payloads are pruned")
 	fs.BoolVar(&c.Globals.AutoCondense, "auto-condense", c.Globals.AutoCondense, "condense automatically when a profile does not say (Roo's autoCondenseContext)")
@@ -129,6 +142,12 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "nats-url" })
 	if !explicit {
 		c.NATS.URL = ""
+	}
+	if c.Partitions < 1 || c.Partitions > bus.MaxPartitions {
+		return fmt.Errorf("--partitions %d must be in [1, %d]", c.Partitions, bus.MaxPartitions)
+	}
+	if c.Name != "" && !validName(c.Name) {
+		return fmt.Errorf("--name %q: use letters, digits, '-' and '_' only", c.Name)
 	}
 	if c.Replicas < 0 || c.Replicas > 5 {
 		return fmt.Errorf("--replicas %d must be in [0, 5]", c.Replicas)
@@ -161,6 +180,9 @@ func (m *Main) Run(ctx context.Context) error {
 		m.Log = m.logger()
 	}
 	log := m.Log
+	if m.Config.Name == "" {
+		m.Config.Name = defaultName(c.DataDir)
+	}
 	m.failed = make(chan error, 1)
 	if err := os.MkdirAll(c.DataDir, 0o755); err != nil {
 		return fmt.Errorf("data dir: %w", err)
@@ -174,7 +196,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	// Each start step waits out a cluster without quorum (it says so)
 	// rather than failing the start.
-	busOpts := []bus.Option{bus.WithReplicas(c.Replicas), bus.WithLogger(log)}
+	busOpts := []bus.Option{bus.WithReplicas(c.Replicas), bus.WithPartitions(c.Partitions), bus.WithLogger(log)}
 	if err := bus.RetryStart(ctx, log, "ensure streams", func(ctx context.Context) error {
 		return bus.EnsureStreams(ctx, js, busOpts...)
 	}); err != nil {
@@ -262,9 +284,9 @@ func (m *Main) Run(ctx context.Context) error {
 	return nil
 }
 
-// lock takes the instance lock on the consumer and holds it while runCtx
-// lasts. If another instance takes it over (this one was cut off longer
-// than the lock's TTL), the runner is stopped and the service fails.
+// lock takes the instance's name and holds it while runCtx lasts. If
+// another process takes it over (this one was cut off longer than the
+// lock's TTL), the runner is stopped and the service fails.
 func (m *Main) lock(ctx context.Context, js jetstream.JetStream, runCtx context.Context) error {
 	host, _ := os.Hostname()
 	dir, err := filepath.Abs(m.Config.DataDir)
@@ -277,7 +299,7 @@ func (m *Main) lock(ctx context.Context, js jetstream.JetStream, runCtx context.
 	var l *pipeline.InstanceLock
 	backoff := 250 * time.Millisecond
 	for start := time.Now(); ; {
-		l, err = pipeline.AcquireLock(ctx, js, m.Config.Pipeline.Consumer, pipeline.Holder{Host: host, DataDir: dir, PID: os.Getpid()}, m.Config.Replicas, m.Log)
+		l, err = pipeline.AcquireLock(ctx, js, m.Config.Name, pipeline.Holder{Host: host, DataDir: dir, PID: os.Getpid()}, m.Config.Replicas, m.Log)
 		if err == nil {
 			break
 		}
@@ -488,3 +510,42 @@ func (n natsLogger) Fatalf(format string, v ...any)  { n.l.Error("nats: " + fmt.
 func (n natsLogger) Errorf(format string, v ...any)  { n.l.Error("nats: " + fmt.Sprintf(format, v...)) }
 func (n natsLogger) Debugf(format string, v ...any)  { n.l.Debug("nats: " + fmt.Sprintf(format, v...)) }
 func (n natsLogger) Tracef(format string, v ...any)  {}
+
+// validName tells whether s can name an instance (a KV key token).
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// defaultName names an instance after its host and data directory, so that
+// several instances on one machine (each with its own --data-dir) get
+// distinct names, and one restarting keeps its own.
+func defaultName(dataDir string) string {
+	host, _ := os.Hostname()
+	clean := make([]rune, 0, len(host))
+	for _, r := range host {
+		if !validName(string(r)) {
+			r = '-'
+		}
+		clean = append(clean, r)
+	}
+	if len(clean) > 40 {
+		clean = clean[:40]
+	}
+	if len(clean) == 0 {
+		clean = []rune("ctxpipe")
+	}
+	dir, err := filepath.Abs(dataDir)
+	if err != nil {
+		dir = dataDir
+	}
+	sum := sha256.Sum256([]byte(dir))
+	return string(clean) + "-" + hex.EncodeToString(sum[:4])
+}

@@ -1,0 +1,222 @@
+package changelog
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+)
+
+// A record larger than what one message may carry is cut into pieces, each
+// a message on the partition's subject: pieces 1..n-1 carry PieceHeader
+// with their number, the last carries PiecesHeader with n. A writer that
+// dies between pieces leaves an incomplete run, which readers drop when the
+// next record starts.
+const (
+	PieceHeader  = "Ctx-Piece"
+	PiecesHeader = "Ctx-Pieces"
+)
+
+// ErrFenced means the partition's subject has moved past the sequence the
+// writer expected: another instance (or this one, earlier) appended first.
+// The writer's view of the partition is stale; it must catch up and retry.
+var ErrFenced = errors.New("changelog: the partition moved on (another writer appended first)")
+
+// Log appends to CTX_STATE.
+type Log struct {
+	JS jetstream.JetStream
+	// MaxPiece bounds one message's data (default: the connection's max
+	// payload less room for headers).
+	MaxPiece int
+}
+
+// Append publishes data, an encoded record of partition p, as the next
+// message(s) of p's subject, on condition that the subject's last sequence
+// is after (0: p has no message yet). It returns the sequence of the last
+// message written. Each message's Nats-Msg-Id is its content's hash with
+// the position it claims, so a retry after a lost ack is recognised as the
+// same write, and a different write at the same position is refused by the
+// fence (ErrFenced).
+func (l *Log) Append(ctx context.Context, p int, after uint64, data []byte) (uint64, error) {
+	maxPiece := l.MaxPiece
+	if maxPiece <= 0 {
+		maxPiece = int(l.JS.Conn().MaxPayload()) - 1024
+	}
+	n := (len(data) + maxPiece - 1) / maxPiece
+	n = max(n, 1)
+	subject := bus.StateSubject(p)
+	for k := 1; k <= n; k++ {
+		piece := data[(k-1)*maxPiece : min(k*maxPiece, len(data))]
+		msg := nats.NewMsg(subject)
+		msg.Data = piece
+		if k < n {
+			msg.Header.Set(PieceHeader, strconv.Itoa(k))
+		} else {
+			msg.Header.Set(PiecesHeader, strconv.Itoa(n))
+		}
+		sum := sha256.Sum256(piece)
+		id := hex.EncodeToString(sum[:16]) + "@" + strconv.FormatUint(after, 10)
+		ack, err := l.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(bus.StreamState),
+			jetstream.WithExpectLastSequencePerSubject(after))
+		if err != nil {
+			var apiErr *jetstream.APIError
+			if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+				return 0, fmt.Errorf("append to %s after %d: %w", subject, after, ErrFenced)
+			}
+			return 0, fmt.Errorf("append to %s: %w", subject, err)
+		}
+		after = ack.Sequence
+	}
+	return after, nil
+}
+
+// Assembler puts records back together from the messages of CTX_STATE, read
+// in stream order. It keeps the pieces of each partition's record in
+// progress.
+type Assembler struct {
+	pieces map[int][][]byte
+}
+
+// NewAssembler returns an empty Assembler.
+func NewAssembler() *Assembler { return &Assembler{pieces: map[int][][]byte{}} }
+
+// Add takes the next message of partition p. It returns the record's bytes
+// when the message completes one (complete true), or nothing when it is a
+// piece. Pieces of a run that never completed are dropped when the next run
+// starts. A message with neither header, or with numbers out of order, is
+// an error (the caller skips it).
+func (a *Assembler) Add(p int, h nats.Header, data []byte) (record []byte, complete bool, err error) {
+	if k := h.Get(PieceHeader); k != "" {
+		i, err := strconv.Atoi(k)
+		if err != nil || i < 1 {
+			delete(a.pieces, p)
+			return nil, false, fmt.Errorf("bad %s %q", PieceHeader, k)
+		}
+		if i == 1 {
+			a.pieces[p] = nil
+		}
+		if len(a.pieces[p]) != i-1 {
+			delete(a.pieces, p)
+			return nil, false, fmt.Errorf("piece %d of partition %d out of order", i, p)
+		}
+		a.pieces[p] = append(a.pieces[p], data)
+		return nil, false, nil
+	}
+	n, err := strconv.Atoi(h.Get(PiecesHeader))
+	if err != nil || n < 1 {
+		delete(a.pieces, p)
+		return nil, false, fmt.Errorf("bad %s %q", PiecesHeader, h.Get(PiecesHeader))
+	}
+	prev := a.pieces[p]
+	delete(a.pieces, p)
+	if n == 1 {
+		return data, true, nil
+	}
+	if len(prev) != n-1 {
+		return nil, false, fmt.Errorf("record of partition %d has %d pieces of %d", p, len(prev)+1, n)
+	}
+	size := len(data)
+	for _, b := range prev {
+		size += len(b)
+	}
+	out := make([]byte, 0, size)
+	for _, b := range prev {
+		out = append(out, b...)
+	}
+	return append(out, data...), true, nil
+}
+
+// Drop forgets partition p's pieces (the reader skipped their record).
+func (a *Assembler) Drop(p int) { delete(a.pieces, p) }
+
+// Pending tells whether partition p has pieces of an unfinished record.
+func (a *Assembler) Pending(p int) bool { return len(a.pieces[p]) > 0 }
+
+// Item is one message of CTX_STATE as a follower sees it.
+type Item struct {
+	Seq       uint64 // stream sequence
+	Partition int
+	// Record is set when this message completes a record; Err when the
+	// message or the record could not be read (the follower skips it).
+	Record *Record
+	Err    error
+	// Piece is true for a piece of a record still incomplete.
+	Piece bool
+	// Pending is how many messages the stream holds after this one.
+	Pending uint64
+}
+
+// Follow reads CTX_STATE from sequence from on (1: everything), in order,
+// and sends every message to out until ctx ends or the consumer fails. It
+// uses an ordered consumer: the server keeps no state for it, and the
+// library recreates it after a gap. have tells which messages the reader
+// holds already (its own appends): those are passed on without being
+// decoded, with neither Record nor Piece set.
+func Follow(ctx context.Context, js jetstream.JetStream, from uint64, have func(p int, seq uint64) bool, out chan<- Item) error {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.StateSubjects}}
+	if from > 1 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	}
+	cons, err := js.OrderedConsumer(ctx, bus.StreamState, cfg)
+	if err != nil {
+		return fmt.Errorf("follow %s: %w", bus.StreamState, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(1024))
+	if err != nil {
+		return fmt.Errorf("follow %s: %w", bus.StreamState, err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	asm := NewAssembler()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("follow %s: %w", bus.StreamState, err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		item := Item{Seq: md.Sequence.Stream, Pending: md.NumPending}
+		p, ok := bus.PartitionOfState(msg.Subject())
+		if !ok {
+			item.Err = fmt.Errorf("subject %q names no partition", msg.Subject())
+		} else if item.Partition = p; have != nil && have(p, item.Seq) {
+			asm.Drop(p)
+		} else {
+			data, complete, err := asm.Add(p, msg.Headers(), msg.Data())
+			switch {
+			case err != nil:
+				item.Err = err
+			case !complete:
+				item.Piece = true
+			default:
+				rec, err := Decode(data)
+				if err == nil && rec.Partition != p {
+					err = fmt.Errorf("record of partition %d on the subject of %d", rec.Partition, p)
+				}
+				if err != nil {
+					item.Err = err
+				} else {
+					item.Record = &rec
+				}
+			}
+		}
+		select {
+		case out <- item:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

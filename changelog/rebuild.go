@@ -1,0 +1,131 @@
+package changelog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/store"
+)
+
+// RebuildStats is what a rebuild did.
+type RebuildStats struct {
+	Messages uint64 // CTX_STATE messages read
+	Records  int    // records applied
+	Entries  int    // inputs (changes) applied
+	Took     time.Duration
+}
+
+// PerSecond is the replay rate in changes (entries) per second.
+func (s RebuildStats) PerSecond() float64 {
+	if s.Took <= 0 {
+		return 0
+	}
+	return float64(s.Entries) / s.Took.Seconds()
+}
+
+// RebuildOptions tunes Rebuild.
+type RebuildOptions struct {
+	// UpTo, when set, stops each partition at the sequence given (a
+	// partition it does not name is skipped): to rebuild exactly what
+	// another database holds (its store.LogPositions).
+	UpTo map[int]uint64
+	// BatchEntries bounds the entries per transaction (default 4096).
+	BatchEntries int
+	// Progress, when set, is called after each transaction.
+	Progress func(done, total uint64)
+}
+
+// Rebuild applies CTX_STATE, from its first message to the last one when it
+// starts, to st, which should be empty. Events are stored as published:
+// a rebuild never announces anything again.
+func Rebuild(ctx context.Context, js jetstream.JetStream, st *store.Store, opts RebuildOptions) (RebuildStats, error) {
+	t0 := time.Now()
+	var stats RebuildStats
+	if opts.BatchEntries <= 0 {
+		opts.BatchEntries = 4096
+	}
+	s, err := js.Stream(ctx, bus.StreamState)
+	if err != nil {
+		return stats, fmt.Errorf("rebuild: %w", err)
+	}
+	last := s.CachedInfo().State.LastSeq
+	if last == 0 {
+		stats.Took = time.Since(t0)
+		return stats, nil
+	}
+	fctx, stop := context.WithCancel(ctx)
+	defer stop()
+	items := make(chan Item, 4096)
+	followErr := make(chan error, 1)
+	go func() { followErr <- Follow(fctx, js, 1, nil, items) }()
+
+	var (
+		groups    []store.Group
+		positions = map[int]uint64{}
+		n         int
+		cursor    uint64
+	)
+	flush := func() error {
+		if len(groups) == 0 {
+			return st.SetLogCursor(ctx, cursor)
+		}
+		tx, err := st.Begin(ctx, groups)
+		if err != nil {
+			return fmt.Errorf("rebuild: apply up to %d: %w", cursor, err)
+		}
+		if err := tx.Commit(positions, cursor); err != nil {
+			return fmt.Errorf("rebuild: commit up to %d: %w", cursor, err)
+		}
+		stats.Records += len(groups)
+		stats.Entries += n
+		groups, positions, n = nil, map[int]uint64{}, 0
+		if opts.Progress != nil {
+			opts.Progress(cursor, last)
+		}
+		return nil
+	}
+	for cursor < last {
+		var it Item
+		select {
+		case <-ctx.Done():
+			return stats, ctx.Err()
+		case err := <-followErr:
+			if err == nil || errors.Is(err, context.Canceled) {
+				err = errors.New("the changelog ended early")
+			}
+			return stats, fmt.Errorf("rebuild: %w", err)
+		case it = <-items:
+		}
+		stats.Messages++
+		cursor = it.Seq
+		switch {
+		case it.Err != nil:
+			return stats, fmt.Errorf("rebuild: message %d: %w", it.Seq, it.Err)
+		case it.Record == nil:
+			continue
+		}
+		if opts.UpTo != nil {
+			if up, ok := opts.UpTo[it.Partition]; !ok || it.Seq > up {
+				continue
+			}
+		}
+		groups = append(groups, store.Group{At: it.Record.At, Entries: it.Record.Entries, Published: true})
+		positions[it.Partition] = it.Seq
+		n += len(it.Record.Entries)
+		if n >= opts.BatchEntries {
+			if err := flush(); err != nil {
+				return stats, err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return stats, err
+	}
+	stats.Took = time.Since(t0)
+	return stats, nil
+}

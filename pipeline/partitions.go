@@ -1,0 +1,388 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/changelog"
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// PriorityGroup is the pinned priority group of every partition consumer:
+// any number of instances pull, the server delivers to one (the pinned
+// client) and moves the pin when that one stops pulling for PinnedTTL.
+const PriorityGroup = "owner"
+
+// pinHeader is the header the server marks each message with the pin it was
+// delivered under; a new value starts a new ownership term.
+const pinHeader = "Nats-Pin-Id"
+
+// setup reads the partition count from CTX_IN and the changelog positions
+// from the store.
+func (r *Runner) setup(ctx context.Context) error {
+	var n int
+	err := bus.RetryStart(ctx, r.Log, "read "+bus.StreamIn, func(ctx context.Context) error {
+		s, err := r.JS.Stream(ctx, bus.StreamIn)
+		if err != nil {
+			return err
+		}
+		n = bus.PartitionsOf(s.CachedInfo().Config)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("stream %s has no partition transform (bus.EnsureStreams adds it)", bus.StreamIn)
+	}
+	pos, cursor, err := r.Store.LogPositions(ctx)
+	if err != nil {
+		return err
+	}
+	r.partitions = n
+	r.nParts.Store(int64(n))
+	r.log = newLogState(n, pos, cursor)
+	return nil
+}
+
+// Partitions is N (0 until Run has read it from CTX_IN).
+func (r *Runner) Partitions() int { return int(r.nParts.Load()) }
+
+// Owned is how many partitions this instance holds the pin of.
+func (r *Runner) Owned() int { return int(r.owned.Load()) }
+
+// ConsumerConfig is partition p's durable consumer. Every instance creates
+// it alike; its replicas follow the stream's, so its position and pin
+// survive a node loss.
+func (r *Runner) ConsumerConfig(p int) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        bus.ConsumerFor(r.cfg.Consumer, p),
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        r.cfg.AckWait,
+		MaxDeliver:     r.cfg.MaxDeliver,
+		MaxAckPending:  r.cfg.LaneBuffer * 4,
+		FilterSubject:  bus.PartitionFilter(p, r.partitions),
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		PriorityGroups: []string{PriorityGroup},
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PinnedTTL:      r.cfg.PinnedTTL,
+	}
+}
+
+// consume runs one loop per partition until ctx is done. It returns an error
+// only when the connection was closed.
+func (r *Runner) consume(ctx context.Context) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, r.partitions+1)
+	loops, stop := context.WithCancel(ctx)
+	defer stop()
+	for p := 0; p <= r.partitions; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.partitionLoop(loops, p); err != nil {
+				errs <- err
+				stop()
+			}
+		}()
+	}
+	probeCtx, stopProbe := context.WithCancel(ctx)
+	defer stopProbe()
+	go r.probe(probeCtx)
+	r.health.up()
+	r.Log.Info("consuming", "stream", bus.StreamIn, "partitions", r.partitions, "workers", r.cfg.Lanes)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return nil
+	}
+}
+
+// partitionLoop pulls partition p's consumer, rebuilding the iterator (and
+// the consumer, if it is gone) after any failure, with backoff.
+func (r *Runner) partitionLoop(ctx context.Context, p int) error {
+	backoff := newBackoff(250*time.Millisecond, 2*time.Second)
+	var failedAt time.Time
+	failures := 0
+	for ctx.Err() == nil {
+		err := r.consumePartition(ctx, p, func() {
+			if failures > 0 {
+				r.failing.Add(-1)
+				r.Log.Info("consuming again", "partition", p, "failures", failures, "down_for", time.Since(failedAt).Round(time.Millisecond))
+				failures = 0
+			}
+			backoff.reset()
+		})
+		if ctx.Err() != nil {
+			break
+		}
+		if errors.Is(err, nats.ErrConnectionClosed) {
+			return fmt.Errorf("consume partition %d: %w", p, err)
+		}
+		if failures == 0 {
+			failedAt = time.Now()
+			r.failing.Add(1)
+		}
+		failures++
+		r.health.probeFailed(err)
+		r.Metrics.Inc("ctxpipe_consumer_rebuilds_total", "")
+		wait := backoff.next()
+		r.Log.Warn("partition consumer failed; rebuilding it", "partition", p, "err", err, "attempt", failures, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	if failures > 0 {
+		r.failing.Add(-1)
+	}
+	return nil
+}
+
+// consumePartition creates (or finds) partition p's consumer and pulls from
+// it until ctx is done (nil) or the iterator fails (the error).
+func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	cons, err := r.JS.CreateOrUpdateConsumer(cctx, bus.StreamIn, r.ConsumerConfig(p))
+	cancel()
+	if err != nil {
+		return fmt.Errorf("consumer of partition %d: %w", p, err)
+	}
+	it, err := cons.Messages(
+		jetstream.PullMaxMessages(max(r.cfg.LaneBuffer/2, 16)),
+		// Short pulls with frequent heartbeats: a lost consumer leader is
+		// noticed in two heartbeats, and the pin is renewed by every pull,
+		// well within PinnedTTL.
+		jetstream.PullExpiry(r.cfg.PullExpiry),
+		jetstream.PullHeartbeat(max(r.cfg.PullExpiry/4, 500*time.Millisecond)),
+		jetstream.PullPriorityGroup(PriorityGroup),
+	)
+	if err != nil {
+		return fmt.Errorf("pull partition %d: %w", p, err)
+	}
+	defer it.Stop()
+	stopDrain := context.AfterFunc(ctx, it.Drain)
+	defer stopDrain()
+	up()
+	// term is the pin this iterator's messages came under; "" before the
+	// first. A message under another pin starts a new term: this instance
+	// (re)gained the partition and must first catch up.
+	term, owning := "", false
+	defer func() {
+		if owning {
+			r.owned.Add(-1)
+		}
+	}()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil && errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("fetch partition %d: %w", p, err)
+		}
+		r.health.fetched(time.Now())
+		if pin := msg.Headers().Get(pinHeader); pin != term || !owning {
+			if !owning {
+				owning = true
+				r.owned.Add(1)
+			}
+			term = pin
+			if err := r.startTerm(ctx, p, cons, msg); err != nil {
+				return fmt.Errorf("take partition %d: %w", p, err)
+			}
+		}
+		r.dispatch(p, msg)
+	}
+}
+
+// startTerm makes this instance ready to apply partition p's inputs after
+// gaining it (or after its iterator was rebuilt): its store catches up with
+// the changelog, and the inputs the consumer delivered before (to the old
+// owner, or to this instance's old iterator) and not yet acked are read
+// from the stream and applied first, in stream order. Without this, they
+// would come back only after their ack wait, behind newer inputs of the
+// same conversations. Applied ones are dropped as duplicates.
+func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, first jetstream.Msg) error {
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("consumer info: %w", err)
+	}
+	floor, delivered := info.AckFloor.Stream, info.Delivered.Stream
+	st, err := r.JS.Stream(ctx, bus.StreamState)
+	if err != nil {
+		return fmt.Errorf("changelog info: %w", err)
+	}
+	if err := r.log.waitCursor(ctx, st.CachedInfo().State.LastSeq); err != nil {
+		return fmt.Errorf("catch up with the changelog: %w", err)
+	}
+	in, err := r.JS.Stream(ctx, bus.StreamIn)
+	if err != nil {
+		return fmt.Errorf("stream info: %w", err)
+	}
+	filter := bus.PartitionFilter(p, r.partitions)
+	gap := 0
+	if md, err := first.Metadata(); err == nil {
+		delivered = max(delivered, md.Sequence.Stream)
+	}
+	for seq := floor + 1; seq <= delivered; {
+		raw, err := in.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read unacked input %d: %w", seq, err)
+		}
+		if raw.Sequence > delivered {
+			break
+		}
+		r.dispatch(p, &streamMsg{raw: raw})
+		gap++
+		seq = raw.Sequence + 1
+	}
+	r.Log.Info("partition taken", "partition", p, "ack_floor", floor, "replayed_unacked", gap,
+		"changelog", r.Cursor(), "took", time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+func (r *Runner) dispatch(p int, msg jetstream.Msg) {
+	j := &job{msg: msg, partition: p, touched: time.Now()}
+	if md, err := msg.Metadata(); err == nil {
+		j.seq, j.deliver = md.Sequence.Stream, md.NumDelivered
+		if j.deliver > 1 {
+			r.Metrics.Inc("ctxpipe_redeliveries_total", "")
+		}
+	}
+	_, j.subject, _ = bus.SplitInputSubject(msg.Subject(), r.partitions)
+	if conv, _, err := schema.ParseSubject(j.subject); err == nil || conv != "" {
+		j.conv = conv
+	}
+	r.hold(j)
+	r.sched.push(j)
+}
+
+// streamMsg is an input read from the stream rather than delivered: its
+// acks do nothing (the delivered copy is acked when it comes, as a
+// duplicate).
+type streamMsg struct{ raw *jetstream.RawStreamMsg }
+
+func (m *streamMsg) Metadata() (*jetstream.MsgMetadata, error) {
+	return &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: m.raw.Sequence}, NumDelivered: 1, Stream: bus.StreamIn}, nil
+}
+func (m *streamMsg) Data() []byte                     { return m.raw.Data }
+func (m *streamMsg) Headers() nats.Header             { return m.raw.Header }
+func (m *streamMsg) Subject() string                  { return m.raw.Subject }
+func (m *streamMsg) Reply() string                    { return "" }
+func (m *streamMsg) Ack() error                       { return nil }
+func (m *streamMsg) DoubleAck(context.Context) error  { return nil }
+func (m *streamMsg) Nak() error                       { return nil }
+func (m *streamMsg) NakWithDelay(time.Duration) error { return nil }
+func (m *streamMsg) InProgress() error                { return nil }
+func (m *streamMsg) Term() error                      { return nil }
+func (m *streamMsg) TermWithReason(string) error      { return nil }
+
+// probe asks the server about CTX_IN and CTX_STATE every ProbeInterval. An
+// idle partition sends nothing but heartbeats, and a stream without a
+// leader stores no new input: without this the runner could not tell an
+// idle service from one that cannot work.
+func (r *Runner) probe(ctx context.Context) {
+	t := time.NewTicker(r.cfg.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.ProbeInterval)
+		err := r.check(pctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			r.health.probeFailed(err)
+		default:
+			r.health.fetched(time.Now())
+		}
+	}
+}
+
+func (r *Runner) check(ctx context.Context) error {
+	for _, name := range []string{bus.StreamIn, bus.StreamState} {
+		s, err := r.JS.Stream(ctx, name)
+		if err != nil {
+			return fmt.Errorf("stream %s info: %w", name, err)
+		}
+		if c := s.CachedInfo().Cluster; c != nil && c.Leader == "" {
+			return fmt.Errorf("stream %s has no leader", name)
+		}
+	}
+	if n := r.failing.Load(); n > 0 {
+		return fmt.Errorf("%d partition consumers are being rebuilt", n)
+	}
+	return nil
+}
+
+// follower reads the changelog into the committer, restarting after
+// failures (and when the committer asks, after it failed to apply).
+type follower struct {
+	r   *Runner
+	out chan changelog.Item
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+}
+
+func newFollower(r *Runner) *follower {
+	return &follower{r: r, out: make(chan changelog.Item, 1024)}
+}
+
+func (f *follower) run(ctx context.Context) {
+	defer close(f.out)
+	backoff := newBackoff(250*time.Millisecond, 2*time.Second)
+	for ctx.Err() == nil {
+		fctx, cancel := context.WithCancel(ctx)
+		f.mu.Lock()
+		f.cancel = cancel
+		f.mu.Unlock()
+		from := f.r.log.safeCursor() + 1
+		err := changelog.Follow(fctx, f.r.JS, from, f.r.log.has, f.out)
+		restarted := fctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if restarted {
+			continue
+		}
+		wait := backoff.next()
+		f.r.Log.Warn("following the changelog failed; following again", "from", from, "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// retry makes the follower read again from the cursor.
+func (f *follower) retry() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cancel != nil {
+		f.cancel()
+	}
+}
