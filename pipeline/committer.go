@@ -129,8 +129,11 @@ func (ls *logState) waitCursor(ctx context.Context, seq uint64) error {
 	}
 }
 
-// Cursor is how far this instance has read the changelog.
+// Cursor is how far this instance has read the changelog (0 before Run).
 func (r *Runner) Cursor() uint64 {
+	if r.nParts.Load() == 0 {
+		return 0
+	}
 	r.log.mu.RLock()
 	defer r.log.mu.RUnlock()
 	return r.log.cur

@@ -45,6 +45,14 @@ type Config struct {
 	// before the server gives the partition to a standby: the failover
 	// time after an instance dies. It must exceed PullExpiry.
 	PinnedTTL time.Duration
+	// Name is this instance's name among the running ones (Deps.Members);
+	// with both, the runner hands partitions over to the instances they
+	// prefer every RebalanceEvery.
+	Name           string
+	RebalanceEvery time.Duration
+	// MaxLogPiece bounds one changelog message (default: the connection's
+	// max payload): a record over it is cut into pieces.
+	MaxLogPiece int
 }
 
 // DefaultConfig returns the defaults.
@@ -63,6 +71,7 @@ func DefaultConfig() Config {
 		ShutdownTimeout: 20 * time.Second,
 		PullExpiry:      time.Second,
 		PinnedTTL:       3 * time.Second,
+		RebalanceEvery:  5 * time.Second,
 		ProbeInterval:   2 * time.Second,
 	}
 }
@@ -84,6 +93,7 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.ShutdownTimeout, d.ShutdownTimeout)
 	orDefault(&c.PullExpiry, d.PullExpiry)
 	orDefault(&c.PinnedTTL, d.PinnedTTL)
+	orDefault(&c.RebalanceEvery, d.RebalanceEvery)
 	orDefault(&c.ProbeInterval, d.ProbeInterval)
 	return c
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,6 +20,39 @@ const LocksBucket = "ctx_locks"
 // lockTTL is how long a lock outlives its holder's last refresh: a killed
 // instance's lock lapses after it, and a new instance may start.
 const lockTTL = 15 * time.Second
+
+// refreshEvery is how often a holder refreshes its lock, and liveWithin how
+// recent the last refresh must be for Live to count the instance.
+const (
+	refreshEvery = 2 * time.Second
+	liveWithin   = 5 * time.Second
+)
+
+// Live lists the names of the instances whose lock was refreshed within
+// liveWithin: the ones running now. A killed instance drops out of it within
+// seconds, long before its lock lapses.
+func (l *InstanceLock) Live(ctx context.Context) ([]string, error) {
+	lister, err := l.kv.ListKeys(ctx, jetstream.MetaOnly())
+	if err != nil {
+		return nil, fmt.Errorf("list instances: %w", err)
+	}
+	defer lister.Stop()
+	var names []string
+	for key := range lister.Keys() {
+		name, ok := strings.CutPrefix(key, "instance.")
+		if !ok {
+			continue
+		}
+		e, err := l.kv.Get(ctx, key)
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		if time.Since(e.Created()) <= liveWithin {
+			names = append(names, name)
+		}
+	}
+	return names, nil
+}
 
 // ErrLockHeld means another live instance runs under this name.
 var ErrLockHeld = errors.New("another ctxpipe instance runs under this name")
@@ -101,7 +135,9 @@ func AcquireLock(ctx context.Context, js jetstream.JetStream, name string, me Ho
 // (this one was cut off from NATS for longer than the lock's TTL): the
 // caller must stop consuming.
 func (l *InstanceLock) Hold(ctx context.Context) error {
-	t := time.NewTicker(lockTTL / 3)
+	// Refreshed often: a refresh is also the sign of life other instances
+	// read (Live) to decide which partitions to hand over.
+	t := time.NewTicker(refreshEvery)
 	defer t.Stop()
 	failing := false
 	for {

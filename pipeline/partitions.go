@@ -47,8 +47,10 @@ func (r *Runner) setup(ctx context.Context) error {
 		return err
 	}
 	r.partitions = n
-	r.nParts.Store(int64(n))
 	r.log = newLogState(n, pos, cursor)
+	r.parts = make([]partState, n+1)
+	// Published last: other goroutines read r.log once they see N.
+	r.nParts.Store(int64(n))
 	return nil
 }
 
@@ -96,6 +98,7 @@ func (r *Runner) consume(ctx context.Context) error {
 	probeCtx, stopProbe := context.WithCancel(ctx)
 	defer stopProbe()
 	go r.probe(probeCtx)
+	go r.rebalance(probeCtx)
 	r.health.up()
 	r.Log.Info("consuming", "stream", bus.StreamIn, "partitions", r.partitions, "workers", r.cfg.Lanes)
 	wg.Wait()
@@ -124,6 +127,12 @@ func (r *Runner) partitionLoop(ctx context.Context, p int) error {
 		})
 		if ctx.Err() != nil {
 			break
+		}
+		yielded := false
+		r.parts[p].set(func(s *partState) { yielded = s.yielding })
+		if yielded {
+			r.handOver(ctx, p)
+			continue
 		}
 		if errors.Is(err, nats.ErrConnectionClosed) {
 			return fmt.Errorf("consume partition %d: %w", p, err)
@@ -172,6 +181,7 @@ func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
 	defer it.Stop()
 	stopDrain := context.AfterFunc(ctx, it.Drain)
 	defer stopDrain()
+	r.parts[p].set(func(s *partState) { s.stop = it.Stop })
 	up()
 	// term is the pin this iterator's messages came under; "" before the
 	// first. A message under another pin starts a new term: this instance
@@ -181,6 +191,7 @@ func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
 		if owning {
 			r.owned.Add(-1)
 		}
+		r.parts[p].set(func(s *partState) { s.owning, s.stop = false, nil })
 	}()
 	for {
 		msg, err := it.Next()
@@ -197,6 +208,7 @@ func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
 				r.owned.Add(1)
 			}
 			term = pin
+			r.parts[p].set(func(s *partState) { s.owning, s.since = true, time.Now() })
 			if err := r.startTerm(ctx, p, cons, msg); err != nil {
 				return fmt.Errorf("take partition %d: %w", p, err)
 			}
@@ -252,6 +264,7 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 		gap++
 		seq = raw.Sequence + 1
 	}
+	r.Metrics.Inc("ctxpipe_partition_terms_total", "")
 	r.Log.Info("partition taken", "partition", p, "ack_floor", floor, "replayed_unacked", gap,
 		"changelog", r.Cursor(), "took", time.Since(t0).Round(time.Millisecond))
 	return nil

@@ -31,6 +31,8 @@ type Deps struct {
 	Relay   *store.Relay
 	Log     *slog.Logger
 	Metrics *Metrics
+	// Members lists the running instances, for rebalancing; optional.
+	Members Members
 }
 
 // Runner consumes CTX_IN and applies each input.
@@ -56,6 +58,7 @@ type Runner struct {
 	// owned those this instance holds the pin of.
 	failing atomic.Int64
 	owned   atomic.Int64
+	parts   []partState // per partition
 
 	heldMu    sync.Mutex
 	held      map[*job]struct{}
@@ -86,13 +89,23 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	if d.Log == nil {
 		d.Log = slog.Default()
 	}
-	r := &Runner{cfg: cfg, Deps: d, waiters: newWaiters(), held: map[*job]struct{}{}, clog: &changelog.Log{JS: d.JS}}
+	r := &Runner{cfg: cfg, Deps: d, waiters: newWaiters(), held: map[*job]struct{}{}, clog: &changelog.Log{JS: d.JS, MaxPiece: cfg.MaxLogPiece}}
 	r.roomFreed = sync.NewCond(&r.heldMu)
 	r.Metrics.Help("ctxpipe_inputs_total", "Inputs by outcome (applied, rejected, duplicate).")
 	r.Metrics.Help("ctxpipe_events_total", "Events committed to the outbox, by type.")
 	r.Metrics.Help("ctxpipe_retries_total", "Worker retries of transient failures.")
 	r.Metrics.Help("ctxpipe_commits_total", "SQLite transactions committed.")
-	r.Metrics.Help("ctxpipe_consumer_rebuilds_total", "Times the runner rebuilt its consumer after a fetch failure.")
+	r.Metrics.Help("ctxpipe_consumer_rebuilds_total", "Times the runner rebuilt a partition's consumer after a fetch failure.")
+	r.Metrics.Help("ctxpipe_changelog_fenced_total", "Changelog appends refused because another writer appended to the partition first.")
+	r.Metrics.Help("ctxpipe_changelog_applied_total", "Changelog records of other writers applied to this instance's SQLite.")
+	r.Metrics.Help("ctxpipe_changelog_unreadable_total", "Changelog messages or records skipped because they could not be read or applied.")
+	r.Metrics.Help("ctxpipe_partition_terms_total", "Partitions this instance took (a new pin: catch up, replay the unacked inputs).")
+	r.Metrics.Gauge("ctxpipe_partitions_owned", "Partitions this instance holds the pin of (has received inputs for under its current pin).", func(context.Context) (float64, error) {
+		return float64(r.owned.Load()), nil
+	})
+	r.Metrics.Gauge("ctxpipe_changelog_cursor", "CTX_STATE sequence up to which this instance has applied the changelog.", func(context.Context) (float64, error) {
+		return float64(r.Cursor()), nil
+	})
 	r.Metrics.Gauge("ctxpipe_last_fetch_age_seconds", "Seconds since the runner last heard from its consumer (a message or a successful consumer check); -1 before the first.", func(context.Context) (float64, error) {
 		age, ok := r.health.fetchAge(time.Now())
 		if !ok {

@@ -387,15 +387,36 @@ func (r *crashRig) kill(p *proc) *jetstream.ConsumerInfo {
 
 func (r *crashRig) consumerInfo() *jetstream.ConsumerInfo {
 	r.t.Helper()
-	cons, err := r.c.js.Consumer(r.ctx, bus.StreamIn, bus.ConsumerName)
+	return consumersInfo(r.ctx, r.t, r.c.js)
+}
+
+// consumersInfo sums the state of every partition's durable consumer (ack
+// floors and delivered positions are the highest of any): what one consumer
+// said before partitions.
+func consumersInfo(ctx context.Context, t *testing.T, js jetstream.JetStream) *jetstream.ConsumerInfo {
+	t.Helper()
+	sum := &jetstream.ConsumerInfo{}
+	stream, err := js.Stream(ctx, bus.StreamIn)
 	if err != nil {
-		r.t.Fatal(err)
+		t.Fatal(err)
 	}
-	info, err := cons.Info(r.ctx)
-	if err != nil {
-		r.t.Fatal(err)
+	lister := stream.ListConsumers(ctx)
+	n := 0
+	for info := range lister.Info() {
+		n++
+		sum.NumPending += info.NumPending
+		sum.NumAckPending += info.NumAckPending
+		sum.NumRedelivered += info.NumRedelivered
+		sum.Delivered.Stream = max(sum.Delivered.Stream, info.Delivered.Stream)
+		sum.AckFloor.Stream = max(sum.AckFloor.Stream, info.AckFloor.Stream)
 	}
-	return info
+	if err := lister.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Fatal("no consumer on " + bus.StreamIn)
+	}
+	return sum
 }
 
 // drain waits for the last turn of every conversation, then until the

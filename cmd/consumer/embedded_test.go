@@ -103,8 +103,9 @@ func TestEmbeddedServerUsesNATSConf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if msg, err := in.GetLastMsgForSubject(ctx, "ctx.in.acme.c1.turn"); err != nil || string(msg.Data) != `{"from":"acme"}` {
-		t.Fatalf("acme's turn is not in CTX_IN as ctx.in.acme.c1.turn: %v", err)
+	// Stored under its partition: ctx.in.<p>.acme.c1.turn.
+	if msg, err := in.GetLastMsgForSubject(ctx, "ctx.in.*.acme.c1.turn"); err != nil || string(msg.Data) != `{"from":"acme"}` {
+		t.Fatalf("acme's turn is not in CTX_IN as ctx.in.<p>.acme.c1.turn: %v", err)
 	}
 	// And the permissions hold: an agent does not read events.
 	if _, err := agent.SubscribeSync("ctx.events.>"); err != nil {

@@ -32,6 +32,8 @@ func TestNodeLossKeepsConsuming(t *testing.T) {
 	m.Config.DataDir = t.TempDir()
 	m.Config.NATS.URL = c.URL()
 	m.Config.Replicas = 3
+	// Few partitions: each is a replicated consumer the cluster must place.
+	m.Config.Partitions = 8
 	m.Config.HTTP = "127.0.0.1:0"
 	m.Log = testLogger(t)
 	if err := m.Run(context.Background()); err != nil {
@@ -117,7 +119,8 @@ func TestNodeLossKeepsConsuming(t *testing.T) {
 		c.Restart(i)
 		c.WaitStreamLeader(bus.StreamIn)
 	}
-	lose(c.WaitConsumerLeader(bus.StreamIn, "ctxpipe"), "leader of the durable consumer")
+	// The conversation has no tenant: the shared partition, numbered N.
+	lose(c.WaitConsumerLeader(bus.StreamIn, bus.ConsumerFor("ctxpipe", 8)), "leader of the conversation's partition consumer")
 	lose(c.WaitStreamLeader(bus.StreamIn), "leader of CTX_IN")
 	waitReady(http.StatusOK, "after single-node losses")
 

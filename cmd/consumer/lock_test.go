@@ -11,17 +11,18 @@ import (
 	"github.com/ctxpipe/ctxpipe/pipeline"
 )
 
-// A second instance on the same consumer is refused with a clear error
-// instead of deleting the first one's consumer when it resumes (issue 14);
-// once the first stops, it may start.
+// Instances share the partitions, but a name belongs to one process: a
+// second process under a running instance's name is refused with a clear
+// error naming the holder, while one under another name runs beside it.
 func TestSecondInstanceIsRefused(t *testing.T) {
 	_, url := natstest.Run(t)
 	for _, k := range llmEnv {
 		t.Setenv(k, "")
 	}
-	run := func(dir string) (*testMain, error) {
+	run := func(name, dir string) (*testMain, error) {
 		m := &testMain{Main: NewMain()}
 		m.Config.DataDir = dir
+		m.Config.Name = name
 		m.Config.NATS.URL = url
 		m.Config.HTTP = ""
 		m.Log = testLogger(t)
@@ -33,27 +34,33 @@ func TestSecondInstanceIsRefused(t *testing.T) {
 		t.Cleanup(func() { _ = m.Close() })
 		return m, nil
 	}
-	first, err := run(t.TempDir())
+	first, err := run("one", t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = run(t.TempDir())
+	_, err = run("one", t.TempDir())
 	if !errors.Is(err, pipeline.ErrLockHeld) || !strings.Contains(err.Error(), "data dir") {
-		t.Fatalf("second instance: %v, want a refusal naming the holder", err)
+		t.Fatalf("second process named one: %v, want a refusal naming the holder", err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		ok, why := first.Ready()
-		if ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the first instance is not consuming: %s", why)
+	second, err := run("two", t.TempDir())
+	if err != nil {
+		t.Fatalf("an instance under another name: %v", err)
+	}
+	for _, m := range []*testMain{first, second} {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			ok, why := m.Ready()
+			if ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s is not consuming: %s", m.Config.Name, why)
+			}
 		}
 	}
 	if err := first.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := run(t.TempDir()); err != nil {
+	if _, err := run("one", t.TempDir()); err != nil {
 		t.Fatalf("after the first stopped: %v", err)
 	}
 }

@@ -222,7 +222,8 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := m.lock(ctx, js, runCtx); err != nil {
+	members, err := m.lock(ctx, js, runCtx)
+	if err != nil {
 		return err
 	}
 	dbPath := filepath.Join(c.DataDir, "ctxpipe.db")
@@ -235,8 +236,11 @@ func (m *Main) Run(ctx context.Context) error {
 	engine.Globals, engine.Log = c.Globals, log
 	engine.Progress = pipeline.ProgressPublisher(js, log)
 	m.relay = store.NewRelay(m.store, pipeline.JetStreamPublisher{JS: js}, log, store.RelayOptions{DuplicateWindow: bus.DuplicateWindow})
-	m.runner, err = pipeline.New(c.Pipeline, pipeline.Deps{
+	pcfg := c.Pipeline
+	pcfg.Name = m.Config.Name
+	m.runner, err = pipeline.New(pcfg, pipeline.Deps{
 		JS: js, Store: m.store, Engine: engine, Profiles: profiles, Relay: m.relay, Log: log, Metrics: m.metrics,
+		Members: members,
 	})
 	if err != nil {
 		return err
@@ -287,7 +291,7 @@ func (m *Main) Run(ctx context.Context) error {
 // lock takes the instance's name and holds it while runCtx lasts. If
 // another process takes it over (this one was cut off longer than the
 // lock's TTL), the runner is stopped and the service fails.
-func (m *Main) lock(ctx context.Context, js jetstream.JetStream, runCtx context.Context) error {
+func (m *Main) lock(ctx context.Context, js jetstream.JetStream, runCtx context.Context) (*pipeline.InstanceLock, error) {
 	host, _ := os.Hostname()
 	dir, err := filepath.Abs(m.Config.DataDir)
 	if err != nil {
@@ -304,12 +308,12 @@ func (m *Main) lock(ctx context.Context, js jetstream.JetStream, runCtx context.
 			break
 		}
 		if errors.Is(err, pipeline.ErrLockHeld) || ctx.Err() != nil || time.Since(start) > time.Minute {
-			return err
+			return nil, err
 		}
 		m.Log.Warn("cannot take the instance lock yet; retrying", "err", err, "retry_in", backoff)
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 5*time.Second)
@@ -320,7 +324,7 @@ func (m *Main) lock(ctx context.Context, js jetstream.JetStream, runCtx context.
 			m.cancel()
 		}
 	}()
-	return nil
+	return l, nil
 }
 
 // connect starts the embedded server, or connects to --nats-url.
