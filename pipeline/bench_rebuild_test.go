@@ -1,0 +1,78 @@
+package pipeline_test
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ctxpipe/ctxpipe/changelog"
+	"github.com/ctxpipe/ctxpipe/llm"
+	"github.com/ctxpipe/ctxpipe/pipeline"
+	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/stages"
+	"github.com/ctxpipe/ctxpipe/store"
+	"github.com/ctxpipe/ctxpipe/tokens"
+)
+
+// BenchmarkRebuild is issue 10's replay goal (≥ 50,000 changes/s): the 43
+// real agent runs go through the service once (not timed), which leaves
+// their changes in CTX_STATE; each iteration then rebuilds a fresh SQLite
+// file (synchronous=FULL) from CTX_STATE alone and reports changes (inputs
+// applied) per second.
+func BenchmarkRebuild(b *testing.B) {
+	subjects, payloads, ids := transcriptTurns(b)
+	if _, err := tokens.O200K(); err != nil {
+		b.Fatal(err)
+	}
+	js := loadStream(b, subjects, payloads, ids)
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(b.TempDir(), "service.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	engine := stages.NewEngine(llm.NewRouter(llm.Config{}, log))
+	engine.Log = log
+	p := schema.Profile{ID: schema.DefaultProfileID, ContextWindow: 64000, MaxTokens: 8192}
+	m := pipeline.NewMetrics()
+	r, err := pipeline.New(pipeline.Config{}, pipeline.Deps{JS: js, Store: st, Engine: engine,
+		Profiles: pipeline.StaticProfiles(p), Log: log, Metrics: m})
+	if err != nil {
+		b.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	for m.Value("ctxpipe_inputs_total", `outcome="applied"`) < float64(len(payloads)) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	_ = st.Close()
+
+	b.ResetTimer()
+	var stats changelog.RebuildStats
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		fresh, err := store.Open(ctx, filepath.Join(b.TempDir(), "rebuilt.db"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		stats, err = changelog.Rebuild(ctx, js, fresh, changelog.RebuildOptions{})
+		b.StopTimer()
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = fresh.Close()
+		if stats.Entries != len(payloads) {
+			b.Fatalf("rebuilt %d changes, the service applied %d", stats.Entries, len(payloads))
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(stats.PerSecond(), "changes/s")
+	b.ReportMetric(float64(stats.Records), "records")
+	b.ReportMetric(float64(stats.Messages), "messages")
+}
