@@ -28,11 +28,25 @@ func Preferred(p int, members []string) string {
 		h.Write([]byte(m))
 		h.Write([]byte{0})
 		h.Write([]byte(strconv.Itoa(p)))
-		if v := h.Sum64(); best == "" || v > top || (v == top && m < best) {
+		// FNV's last bytes reach only the low half of the sum: without a
+		// finalizer the name alone would decide the top bits, and one
+		// instance would be preferred for nearly every partition.
+		if v := mix64(h.Sum64()); best == "" || v > top || (v == top && m < best) {
 			best, top = m, v
 		}
 	}
 	return best
+}
+
+// mix64 is SplitMix64's finalizer: every input bit flips about half of
+// the output bits.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
 }
 
 // partState is what the runner knows of one partition's ownership.

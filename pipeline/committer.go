@@ -320,7 +320,7 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 	r.Metrics.Inc("ctxpipe_commits_total", "")
 	r.Metrics.Observe("ctxpipe_commit_seconds", "", time.Since(t0))
 	for i, b := range kept {
-		r.committed(b.entries, results[i])
+		r.committed(b.entries, results[i], true)
 		for _, q := range b.reqs {
 			q.done <- nil
 		}
@@ -360,10 +360,18 @@ func (r *Runner) begin(ctx context.Context, at int64, batches []*partitionBatch,
 }
 
 // committed counts what a commit stored and wakes the queries waiting on it.
-func (r *Runner) committed(entries []store.Entry, results []store.Result) {
+// Inputs count as this instance's (ctxpipe_inputs_total) when it applied
+// them; the changes of other writers' records count apart.
+func (r *Runner) committed(entries []store.Entry, results []store.Result, own bool) {
 	ids := make([]string, len(entries))
 	for i, e := range entries {
 		ids[i] = e.Input.ID
+		if !own {
+			if !results[i].Duplicate {
+				r.Metrics.Inc("ctxpipe_changelog_changes_total", "")
+			}
+			continue
+		}
 		switch {
 		case results[i].Duplicate:
 			r.Metrics.Inc("ctxpipe_inputs_total", `outcome="duplicate"`)
@@ -460,7 +468,7 @@ func (r *Runner) applyFollowed(items []changelog.Item) {
 		if tx != nil {
 			res := tx.Results()
 			for i, x := range recs {
-				r.committed(x.r.Entries, res[i])
+				r.committed(x.r.Entries, res[i], false)
 			}
 			r.Metrics.Add("ctxpipe_changelog_applied_total", "", float64(len(recs)))
 			if r.Relay != nil {

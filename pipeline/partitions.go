@@ -47,10 +47,43 @@ func (r *Runner) setup(ctx context.Context) error {
 		return err
 	}
 	r.partitions = n
+	if err := r.ensureConsumers(ctx); err != nil {
+		return err
+	}
 	r.log = newLogState(n, pos, cursor)
 	r.parts = make([]partState, n+1)
 	// Published last: other goroutines read r.log once they see N.
 	r.nParts.Store(int64(n))
+	return nil
+}
+
+// ensureConsumers creates (or updates) every partition's consumer before
+// any is pulled: on a fresh cluster each is a replicated group that must
+// elect a leader, and pulls sent meanwhile would fail in a burst of
+// warnings. A few at a time, each step retried like the other start steps.
+func (r *Runner) ensureConsumers(ctx context.Context) error {
+	sem := make(chan struct{}, 8)
+	errs := make(chan error, r.partitions+1)
+	var wg sync.WaitGroup
+	for p := 0; p <= r.partitions; p++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			errs <- bus.RetryStart(ctx, r.Log, fmt.Sprintf("create the consumer of partition %d", p), func(ctx context.Context) error {
+				_, err := r.JS.CreateOrUpdateConsumer(ctx, bus.StreamIn, r.ConsumerConfig(p))
+				return err
+			})
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -247,7 +280,16 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 	filter := bus.PartitionFilter(p, r.partitions)
 	gap := 0
 	if md, err := first.Metadata(); err == nil {
-		delivered = max(delivered, md.Sequence.Stream)
+		if md.NumDelivered == 1 {
+			// A first delivery: the consumer delivers new inputs in
+			// stream order, so everything delivered before (to anyone)
+			// lies below it. What this iterator holds from it on comes
+			// through the iterator; only the gap below needs reading.
+			delivered = md.Sequence.Stream - 1
+		} else {
+			// A redelivery: inputs the old owner held may lie above it.
+			delivered = max(delivered, md.Sequence.Stream)
+		}
 	}
 	for seq := floor + 1; seq <= delivered; {
 		raw, err := in.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))

@@ -97,7 +97,8 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	r.Metrics.Help("ctxpipe_commits_total", "SQLite transactions committed.")
 	r.Metrics.Help("ctxpipe_consumer_rebuilds_total", "Times the runner rebuilt a partition's consumer after a fetch failure.")
 	r.Metrics.Help("ctxpipe_changelog_fenced_total", "Changelog appends refused because another writer appended to the partition first.")
-	r.Metrics.Help("ctxpipe_changelog_applied_total", "Changelog records of other writers applied to this instance's SQLite.")
+	r.Metrics.Help("ctxpipe_changelog_applied_total", "Changelog records of other writers (or of this instance before a crash) applied to this instance's SQLite.")
+	r.Metrics.Help("ctxpipe_changelog_changes_total", "Inputs' changes applied from those records (not counted in ctxpipe_inputs_total).")
 	r.Metrics.Help("ctxpipe_changelog_unreadable_total", "Changelog messages or records skipped because they could not be read or applied.")
 	r.Metrics.Help("ctxpipe_partition_terms_total", "Partitions this instance took (a new pin: catch up, replay the unacked inputs).")
 	r.Metrics.Gauge("ctxpipe_partitions_owned", "Partitions this instance holds the pin of (has received inputs for under its current pin).", func(context.Context) (float64, error) {
