@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ctxpipe/ctxpipe/bus"
@@ -51,11 +52,25 @@ func mix64(x uint64) uint64 {
 
 // partState is what the runner knows of one partition's ownership.
 type partState struct {
+	// want says whether this instance should pull the partition: it is
+	// the preferred one among the live instances (always, without
+	// Members). wake is signalled when want turns true.
+	want atomic.Bool
+	wake chan struct{}
+
 	mu       sync.Mutex
-	owning   bool      // this instance holds the pin (received under it)
-	since    time.Time // when the current term began
-	stop     func()    // stops the partition's iterator; nil when none
-	yielding bool      // stop was called to hand the partition over
+	owning   bool   // this instance holds the pin (received under it)
+	stop     func() // stops the partition's iterator; nil when none
+	yielding bool   // stop was called to hand the partition over
+}
+
+func newPartStates(n int, want bool) []partState {
+	ps := make([]partState, n)
+	for i := range ps {
+		ps[i].wake = make(chan struct{}, 1)
+		ps[i].want.Store(want)
+	}
+	return ps
 }
 
 func (s *partState) set(f func(*partState)) {
@@ -64,14 +79,57 @@ func (s *partState) set(f func(*partState)) {
 	f(s)
 }
 
-// rebalance hands over, every RebalanceEvery, the partitions this instance
-// owns that another live instance is preferred for (Preferred): it stops
-// pulling them and asks the server to unpin it, so that the preferred
-// instance, which pulls as a standby, gets them. Every instance pulls every
-// partition, so whoever pulled first after a start holds many partitions;
-// this spreads them. A partition is handed over only after its owner held it
-// for a whole period, and only to an instance that refreshed its lock in the
-// last seconds, so a dead instance is never handed anything.
+// waitWanted blocks until this instance should pull the partition.
+func (s *partState) waitWanted(ctx context.Context) bool {
+	for !s.want.Load() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-s.wake:
+		}
+	}
+	return true
+}
+
+// assign decides, from the live instances, which partitions this instance
+// pulls: those it is preferred for (Preferred). Only the preferred instance
+// pulls a partition, so when it is pinned nobody takes the partition from it,
+// and when an owner is not preferred (it pulled first, or the preferred one
+// joined since) it hands the partition over: it stops pulling and unpins
+// itself, and the one instance that does pull gets the pin. When an
+// instance dies it drops out of the live list within seconds (its lock is
+// refreshed every second), the next preferred instance starts pulling, and
+// the server moves the pin once the dead one's lapsed (PinnedTTL).
+func (r *Runner) assign(live []string) {
+	if !slices.Contains(live, r.cfg.Name) {
+		live = append(live, r.cfg.Name)
+	}
+	for p := range r.parts {
+		s := &r.parts[p]
+		want := Preferred(p, live) == r.cfg.Name
+		if s.want.Swap(want) == want {
+			continue
+		}
+		if want {
+			select {
+			case s.wake <- struct{}{}:
+			default:
+			}
+			continue
+		}
+		s.set(func(s *partState) {
+			if s.stop != nil {
+				s.yielding = s.owning
+				if s.owning {
+					r.Log.Info("handing partition over", "partition", p, "to", Preferred(p, live), "instances", len(live))
+				}
+				s.stop()
+			}
+		})
+	}
+}
+
+// rebalance runs assign every RebalanceEvery with the live instances.
 func (r *Runner) rebalance(ctx context.Context) {
 	if r.Members == nil || r.cfg.Name == "" {
 		return
@@ -84,39 +142,21 @@ func (r *Runner) rebalance(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		lctx, cancel := context.WithTimeout(ctx, r.cfg.RebalanceEvery)
+		lctx, cancel := context.WithTimeout(ctx, 2*r.cfg.RebalanceEvery)
 		live, err := r.Members.Live(lctx)
 		cancel()
 		if err != nil {
+			// Keep the last assignment: pulling on (or not) is safe,
+			// and the fence keeps two writers apart.
 			r.Log.Debug("cannot list instances", "err", err)
 			continue
 		}
-		if !slices.Contains(live, r.cfg.Name) {
-			live = append(live, r.cfg.Name)
-		}
-		if len(live) < 2 {
-			continue
-		}
-		now := time.Now()
-		for p := range r.parts {
-			want := Preferred(p, live)
-			if want == r.cfg.Name {
-				continue
-			}
-			r.parts[p].set(func(s *partState) {
-				if s.owning && !s.yielding && s.stop != nil && now.Sub(s.since) >= r.cfg.RebalanceEvery {
-					s.yielding = true
-					r.Log.Info("handing partition over", "partition", p, "to", want, "instances", len(live))
-					s.stop()
-				}
-			})
-		}
+		r.assign(live)
 	}
 }
 
-// handOver finishes handing partition p over: unpin it so the server gives
-// it to a standby at once (not after PinnedTTL), and stay away from it long
-// enough for the standby to be pinned.
+// handOver finishes handing partition p over: unpin it so that the server
+// gives it to the instance now pulling it at once, not after PinnedTTL.
 func (r *Runner) handOver(ctx context.Context, p int) {
 	uctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	s, err := r.JS.Stream(uctx, bus.StreamIn)
@@ -128,9 +168,5 @@ func (r *Runner) handOver(ctx context.Context, p int) {
 		r.Log.Debug("unpin failed; the pin lapses by itself", "partition", p, "err", err)
 	}
 	r.Metrics.Inc("ctxpipe_partitions_handed_over_total", "")
-	select {
-	case <-ctx.Done():
-	case <-time.After(r.cfg.PinnedTTL + r.cfg.RebalanceEvery):
-	}
 	r.parts[p].set(func(s *partState) { s.yielding = false })
 }

@@ -71,7 +71,7 @@ func DefaultConfig() Config {
 		ShutdownTimeout: 20 * time.Second,
 		PullExpiry:      time.Second,
 		PinnedTTL:       3 * time.Second,
-		RebalanceEvery:  5 * time.Second,
+		RebalanceEvery:  time.Second,
 		ProbeInterval:   2 * time.Second,
 	}
 }

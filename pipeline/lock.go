@@ -24,8 +24,8 @@ const lockTTL = 15 * time.Second
 // refreshEvery is how often a holder refreshes its lock, and liveWithin how
 // recent the last refresh must be for Live to count the instance.
 const (
-	refreshEvery = 2 * time.Second
-	liveWithin   = 5 * time.Second
+	refreshEvery = time.Second
+	liveWithin   = 2500 * time.Millisecond
 )
 
 // Live lists the names of the instances whose lock was refreshed within

@@ -51,7 +51,14 @@ func (r *Runner) setup(ctx context.Context) error {
 		return err
 	}
 	r.log = newLogState(n, pos, cursor)
-	r.parts = make([]partState, n+1)
+	r.parts = newPartStates(n+1, true)
+	if r.Members != nil && r.cfg.Name != "" {
+		// Pull only this instance's share from the start, rather than
+		// everything until the first rebalance.
+		if live, err := r.Members.Live(ctx); err == nil {
+			r.assign(live)
+		}
+	}
 	// Published last: other goroutines read r.log once they see N.
 	r.nParts.Store(int64(n))
 	return nil
@@ -150,6 +157,9 @@ func (r *Runner) partitionLoop(ctx context.Context, p int) error {
 	var failedAt time.Time
 	failures := 0
 	for ctx.Err() == nil {
+		if !r.parts[p].waitWanted(ctx) {
+			break
+		}
 		err := r.consumePartition(ctx, p, func() {
 			if failures > 0 {
 				r.failing.Add(-1)
@@ -166,6 +176,9 @@ func (r *Runner) partitionLoop(ctx context.Context, p int) error {
 		if yielded {
 			r.handOver(ctx, p)
 			continue
+		}
+		if !r.parts[p].want.Load() {
+			continue // stopped as a standby that should not pull
 		}
 		if errors.Is(err, nats.ErrConnectionClosed) {
 			return fmt.Errorf("consume partition %d: %w", p, err)
@@ -241,7 +254,7 @@ func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
 				r.owned.Add(1)
 			}
 			term = pin
-			r.parts[p].set(func(s *partState) { s.owning, s.since = true, time.Now() })
+			r.parts[p].set(func(s *partState) { s.owning = true })
 			if err := r.startTerm(ctx, p, cons, msg); err != nil {
 				return fmt.Errorf("take partition %d: %w", p, err)
 			}
