@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -86,13 +87,17 @@ func (m *Main) RebuildDB(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "replayed %d messages, %d records, %d changes in %v (%.0f changes/s)\n",
 		stats.Messages, stats.Records, stats.Entries, stats.Took.Round(time.Millisecond), stats.PerSecond())
 	if !exists {
-		return os.Rename(rebuilt, current)
+		if err := os.Rename(rebuilt, current); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%s rebuilt\n", current)
+		return nil
 	}
 	report, err := store.Diff(ctx, current, rebuilt)
 	if err != nil {
 		return err
 	}
-	fmt.Fprint(out, report.String())
+	fmt.Fprintln(out, strings.TrimRight(report.String(), "\n"))
 	if !report.Identical() {
 		return fmt.Errorf("%w (%s, %s)", errNotIdentical, current, rebuilt)
 	}
@@ -102,8 +107,12 @@ func (m *Main) RebuildDB(ctx context.Context, out io.Writer) error {
 			return err
 		}
 	}
-	if err := os.Rename(rebuilt, current); err != nil {
-		return err
+	// Diff's read-only look may have left an empty -wal and -shm beside
+	// the rebuilt file: they move with it.
+	for _, sfx := range []string{"", "-wal", "-shm"} {
+		if err := os.Rename(rebuilt+sfx, current+sfx); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 	}
 	fmt.Fprintf(out, "identical: %s replaced (the old file is %s)\n", current, replaced)
 	return nil
