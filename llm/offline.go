@@ -2,10 +2,8 @@ package llm
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"path"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,16 +69,20 @@ func (o *Offline) Summarize(ctx context.Context, req schema.SummaryRequest) (sch
 	// Outside the bound: the last error line and the files touched are
 	// what an agent most needs verbatim, and each is bounded on its own.
 	if errs := lastDistinct(f.lastErrors, lastErrorsShown); len(errs) > 0 {
-		text += "\n\n## Last errors seen (verbatim, most recent last)"
+		// One buffer: appending to text copied the whole summary per piece.
+		var b strings.Builder
+		b.WriteString(text)
+		b.WriteString("\n\n## Last errors seen (verbatim, most recent last)")
 		for _, e := range errs {
-			text += "\n- "
+			b.WriteString("\n- ")
 			if e.call != "" {
-				text += "`" + clip(e.call, 80) + "`: "
+				b.WriteString("`" + clip(e.call, 80) + "`: ")
 			}
-			text += e.line
+			b.WriteString(e.line)
 		}
+		text = b.String()
 	}
-	return schema.Summary{Text: WithFilesTouched(text, source(req)), Model: OfflineModel}, nil
+	return schema.Summary{Text: withFilesList(text, f.touched.out), Model: OfflineModel}, nil
 }
 
 // source is the request's span with tool blocks intact.
@@ -133,6 +135,9 @@ type facts struct {
 	// lastErrors are the last error line of each tool result that had one,
 	// verbatim, with the call it answered.
 	lastErrors []callError
+	// touched is FilesTouched of the same messages, built in this pass so
+	// that each tool input is decoded and scanned once.
+	touched touchList
 }
 
 // seen counts occurrences and remembers the first and last position, for
@@ -169,21 +174,35 @@ func extract(msgs []schema.Message) *facts {
 			for _, p := range filesFromSummary(f.earlier) {
 				f.note(f.files, p)
 			}
+			f.touched.carry(f.earlier)
 			continue
 		}
 		if m.IsTruncationMarker {
+			// FilesTouched reads a marker's tool calls (it has none in
+			// practice); the facts leave the marker out.
+			for _, b := range m.Content.BlocksOf() {
+				if b.Type == schema.BlockToolUse {
+					f.touched.call(b, readToolInput(b.Input))
+				}
+			}
 			continue
 		}
 		for _, b := range m.Content.BlocksOf() {
 			switch b.Type {
 			case schema.BlockToolUse:
-				f.toolUse(b)
+				in := readToolInput(b.Input)
+				f.toolUse(b, in)
+				f.touched.call(b, in)
 			case schema.BlockToolResult:
+				body := "" // rendered once for both readers
+				if b.Content != nil {
+					body = RenderContent(*b.Content)
+				}
 				if b.IsError {
-					f.toolError(b)
+					f.toolError(b, body)
 				}
 				if b.Content != nil {
-					if l := LastErrorLine(RenderContent(*b.Content)); l != "" {
+					if l := LastErrorLine(body); l != "" {
 						f.lastErrors = append(f.lastErrors, callError{call: f.calls[b.ToolUseID], line: l})
 					}
 				}
@@ -244,35 +263,42 @@ var pathKeys = []string{"path", "file_path", "filepath", "filename", "file_name"
 // Keys of tool inputs that hold a shell command.
 var commandKeys = []string{"command", "cmd", "script"}
 
-func (f *facts) toolUse(b schema.Block) {
+func (f *facts) toolUse(b schema.Block, in toolInput) {
 	f.toolCalls++
 	name := b.Name
 	if name == "" {
 		name = "tool"
 	}
 	f.tools[name]++
-	var input map[string]any
-	_ = json.Unmarshal(b.Input, &input) // not an object: no paths or command to read
-	for _, k := range pathKeys {
-		for _, p := range stringsOf(input[k]) {
-			if p = explicitPath(p); p != "" {
-				f.note(f.files, p)
-			}
+	for _, p := range in.paths {
+		if p = explicitPath(p); p != "" {
+			f.note(f.files, p)
 		}
 	}
 	line := ""
-	for _, k := range commandKeys {
-		if cmds := stringsOf(input[k]); len(cmds) > 0 {
-			cmd := strings.Join(cmds, " ")
-			for _, p := range pathsInCommand(cmd) {
-				f.note(f.files, p)
-			}
-			line = commandLine(cmd)
-			break
+	if len(in.commands) > 0 {
+		// The first command key that holds any command, its strings joined.
+		first := in.commands[0]
+		n := 1
+		for n < len(in.commands) && in.commands[n].key == first.key {
+			n++
 		}
+		cmd, paths := first.text, first.paths
+		if n > 1 {
+			texts := make([]string, n)
+			for i, c := range in.commands[:n] {
+				texts[i] = c.text
+			}
+			cmd = strings.Join(texts, " ")
+			paths = pathsInCommand(cmd)
+		}
+		for _, p := range paths {
+			f.note(f.files, p)
+		}
+		line = commandLine(cmd)
 	}
 	if line == "" {
-		raw := strings.Join(strings.Fields(string(b.Input)), " ")
+		raw := collapseSpace(string(b.Input))
 		if raw == "" || raw == "{}" || raw == "null" {
 			line = name
 		} else {
@@ -286,15 +312,40 @@ func (f *facts) toolUse(b schema.Block) {
 	}
 }
 
-var returnCode = regexp.MustCompile(`<returncode>\s*(-?\d+)\s*</returncode>`)
-var tag = regexp.MustCompile(`<[^<>\n]{1,40}>`)
-
-func (f *facts) toolError(b schema.Block) {
-	f.failed++
-	body := ""
-	if b.Content != nil {
-		body = RenderContent(*b.Content)
+// findReturnCode finds the leftmost <returncode>\s*(-?\d+)\s*</returncode>
+// in s: the code, the whole element, and whether there is one. It is
+// written out because it runs on every failed tool result.
+func findReturnCode(s string) (code, elem string, ok bool) {
+	const open, closing = "<returncode>", "</returncode>"
+	for from := 0; ; {
+		i := strings.Index(s[from:], open)
+		if i < 0 {
+			return "", "", false
+		}
+		i += from
+		from = i + 1
+		j := skipSpace(s, i+len(open))
+		start := j
+		if j < len(s) && s[j] == '-' {
+			j++
+		}
+		d := j
+		for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+			j++
+		}
+		if j == d {
+			continue
+		}
+		end := skipSpace(s, j)
+		if strings.HasPrefix(s[end:], closing) {
+			return s[start:j], s[i : end+len(closing)], true
+		}
 	}
+}
+
+// toolError records a failed tool result; body is its rendered content.
+func (f *facts) toolError(b schema.Block, body string) {
+	f.failed++
 	if strings.HasPrefix(body, MaskedPrefix) {
 		// A masked stand-in: its kept error line, if any, is the failure.
 		first := "(output masked)"
@@ -305,9 +356,9 @@ func (f *facts) toolError(b schema.Block) {
 		return
 	}
 	prefix := ""
-	if m := returnCode.FindStringSubmatch(head(body, 256)); m != nil {
-		prefix = "exit " + m[1] + ": "
-		body = strings.Replace(body, m[0], "", 1)
+	if code, elem, ok := findReturnCode(head(body, 256)); ok {
+		prefix = "exit " + code + ": "
+		body = strings.Replace(body, elem, "", 1)
 	}
 	first := "(no output)"
 	if lines := meaningfulLines(head(body, 8<<10)); len(lines) > 0 {
@@ -333,12 +384,51 @@ func (f *facts) who(id string) string {
 // meaningfulLines are the non-blank lines of s with XML-ish tags removed.
 func meaningfulLines(s string) []string {
 	var out []string
-	for _, line := range strings.Split(s, "\n") {
-		if l := strings.TrimSpace(tag.ReplaceAllString(line, "")); l != "" {
+	for line := range strings.SplitSeq(s, "\n") {
+		if l := strings.TrimSpace(stripTags(line)); l != "" {
 			out = append(out, l)
 		}
 	}
 	return out
+}
+
+// maxTagRunes bounds what stripTags takes for a tag: <name attr="…">, not
+// a comparison such as a < b > c across a line.
+const maxTagRunes = 40
+
+// stripTags removes what the regexp <[^<>\n]{1,40}> matches: a < and a >
+// with 1 to 40 runes between them, none of them <, > or a newline. It
+// allocates only when it removes something; most lines hold no tag.
+func stripTags(line string) string {
+	i := strings.IndexByte(line, '<')
+	if i < 0 {
+		return line
+	}
+	var b strings.Builder
+	kept := 0 // line[kept:i] is not yet copied
+	for i >= 0 {
+		j, runes := i+1, 0
+		for j < len(line) && line[j] != '<' && line[j] != '>' && line[j] != '\n' && runes <= maxTagRunes {
+			_, size := utf8.DecodeRuneInString(line[j:]) // an invalid byte counts as one rune, as in regexp
+			j += size
+			runes++
+		}
+		next := i + 1
+		if j < len(line) && line[j] == '>' && runes >= 1 && runes <= maxTagRunes {
+			b.WriteString(line[kept:i])
+			kept, next = j+1, j+1
+		}
+		if k := strings.IndexByte(line[next:], '<'); k >= 0 {
+			i = next + k
+		} else {
+			i = -1
+		}
+	}
+	if kept == 0 {
+		return line
+	}
+	b.WriteString(line[kept:])
+	return b.String()
 }
 
 // tail is at most the last n bytes of s, cut at a rune boundary.
@@ -376,33 +466,44 @@ func stringsOf(v any) []string {
 func commandLine(cmd string) string {
 	cmd = strings.TrimSpace(cmd)
 	first, rest, more := strings.Cut(cmd, "\n")
-	first = strings.Join(strings.Fields(first), " ")
+	first = collapseSpace(first)
 	if more && strings.TrimSpace(rest) != "" {
 		first += " …"
 	}
 	return clip(first, maxCommandChars)
 }
 
-// splitCommand separates shell words; quotes and operators split too, which
-// is crude but enough to find path-like words.
-var splitCommand = regexp.MustCompile("[\\s;|&<>()'\"`=,{}\\[\\]$]+")
-
-var lineSuffix = regexp.MustCompile(`(:\d+)+:?$`)
+// splitsWords marks the bytes that separate shell words: white space,
+// quotes and operators, which is crude but enough to find path-like words.
+// They are the class [\s;|&<>()'"`=,{}\[\]$] of the regexp this replaced.
+var splitsWords = byteSet(" \t\n\f\r;|&<>()'\"`=,{}[]$")
 
 // pathsInCommand finds the words of a shell command that look like file
 // paths. It stops after a line that opens a here-document: the lines after
-// it are file contents, not paths.
+// it are file contents, not paths. It scans bytes by hand: it runs on every
+// command of every condensed span.
 func pathsInCommand(cmd string) []string {
 	var out []string
-	for _, line := range strings.Split(cmd, "\n") {
-		for _, w := range splitCommand.Split(line, -1) {
-			if p := cleanPath(w); p != "" {
+	for rest := cmd; ; {
+		line, more, found := strings.Cut(rest, "\n")
+		for i := 0; i < len(line); {
+			if splitsWords[line[i]] {
+				i++
+				continue
+			}
+			j := i + 1
+			for j < len(line) && !splitsWords[line[j]] {
+				j++
+			}
+			if p := cleanPath(line[i:j]); p != "" {
 				out = append(out, p)
 			}
+			i = j
 		}
-		if strings.Contains(line, "<<") {
+		if !found || strings.Contains(line, "<<") {
 			break
 		}
+		rest = more
 	}
 	return out
 }
@@ -411,7 +512,7 @@ func pathsInCommand(cmd string) []string {
 func cleanPath(w string) string {
 	w = strings.TrimSpace(w)
 	w = strings.TrimRight(w, ".:")
-	w = lineSuffix.ReplaceAllString(w, "")
+	w = trimLineSuffix(w)
 	w = strings.TrimPrefix(w, "./")
 	if !looksLikePath(w) {
 		return ""
@@ -419,19 +520,72 @@ func cleanPath(w string) string {
 	return w
 }
 
+// trimLineSuffix removes a trailing :line[:col…][:] as in a.go:12:3:, the
+// regexp (:\d+)+:?$ written out.
+func trimLineSuffix(w string) string {
+	t := strings.TrimSuffix(w, ":")
+	cut := -1
+	for end := len(t); ; {
+		k := end
+		for k > 0 && t[k-1] >= '0' && t[k-1] <= '9' {
+			k--
+		}
+		if k == end || k == 0 || t[k-1] != ':' {
+			break
+		}
+		end = k - 1
+		cut = end
+	}
+	if cut < 0 {
+		return w
+	}
+	return w[:cut]
+}
+
 // explicitPath accepts the value of a key that names a file or directory,
 // which needs no extension or slash to count as one.
 func explicitPath(p string) string {
 	p = strings.TrimPrefix(strings.TrimSpace(p), "./")
-	if p == "" || p == "." || len(p) > 200 || strings.HasPrefix(p, "-") || !pathChars.MatchString(p) {
+	if p == "" || p == "." || len(p) > 200 || strings.HasPrefix(p, "-") || !onlyPathChars(p) {
 		return ""
 	}
 	return p
 }
 
-var pathChars = regexp.MustCompile(`^[A-Za-z0-9_./~+@-]+$`)
+// pathChars marks the bytes a path may hold: [A-Za-z0-9_./~+@-].
+var pathChars = byteSet("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./~+@-")
 
-var sedScript = regexp.MustCompile(`^[sy]/[^/]*/[^/]*/[a-zA-Z0-9]*$`)
+// onlyPathChars reports whether w is one or more path bytes.
+func onlyPathChars(w string) bool {
+	for i := 0; i < len(w); i++ {
+		if !pathChars[w[i]] {
+			return false
+		}
+	}
+	return w != ""
+}
+
+// isSedScript reports whether w is a sed expression such as s/old/new/g or
+// y/abc/xyz/: the regexp ^[sy]/[^/]*/[^/]*/[a-zA-Z0-9]*$ written out.
+func isSedScript(w string) bool {
+	if len(w) < 2 || w[0] != 's' && w[0] != 'y' || w[1] != '/' {
+		return false
+	}
+	rest := w[2:]
+	for range 2 {
+		i := strings.IndexByte(rest, '/')
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+1:]
+	}
+	for i := 0; i < len(rest); i++ {
+		if c := rest[i]; !isLetter(rune(c)) && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
 
 // Extensions that make a bare name (no slash) count as a file.
 var fileExts = map[string]bool{
@@ -449,18 +603,18 @@ var fileExts = map[string]bool{
 // identifiers such as os.path.
 func looksLikePath(w string) bool {
 	if len(w) < 2 || len(w) > 200 || strings.HasPrefix(w, "-") || strings.Contains(w, "://") ||
-		!pathChars.MatchString(w) {
+		!onlyPathChars(w) {
 		return false
 	}
 	for _, skip := range []string{"/dev/", "/proc/", "/sys/"} {
-		if strings.HasPrefix(w, skip) || w+"/" == skip {
+		if strings.HasPrefix(w, skip) || w == skip[:len(skip)-1] {
 			return false
 		}
 	}
 	if w == ".." || w == "~" || strings.Trim(w, "./") == "" {
 		return false
 	}
-	if sedScript.MatchString(w) {
+	if isSedScript(w) {
 		return false // s/old/new/g is a sed expression, not a directory
 	}
 	if ext := strings.TrimPrefix(path.Ext(w), "."); fileExts[ext] {
@@ -485,12 +639,30 @@ func looksLikePath(w string) bool {
 
 func isLetter(r rune) bool { return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' }
 
-func isNumber(s string) bool { _, err := strconv.ParseFloat(s, 64); return err == nil }
+// isNumber reports whether strconv.ParseFloat accepts s. A float starts,
+// after its sign, with a digit, a dot, or the i or n of inf and nan; any
+// other start is answered at once, which spares ParseFloat the error it
+// would allocate for each ordinary file name.
+func isNumber(s string) bool {
+	t := s
+	if t != "" && (t[0] == '+' || t[0] == '-') {
+		t = t[1:]
+	}
+	if t == "" {
+		return false
+	}
+	switch t[0] {
+	case '0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '.', 'i', 'I', 'n', 'N':
+		_, err := strconv.ParseFloat(s, 64)
+		return err == nil
+	}
+	return false
+}
 
 // excerpt is a note's first sentence or line, whitespace collapsed.
 func excerpt(s string, n int) string {
 	s = head(s, 8*n) // no need to scan a long message past its start
-	s = strings.Join(strings.Fields(s), " ")
+	s = collapseSpace(s)
 	if i := sentenceEnd(s); i > 0 {
 		s = s[:i]
 	}
@@ -543,7 +715,7 @@ func (f *facts) render() (body, tail string) {
 	}
 	if f.lastNote != "" {
 		b.WriteString("Latest assistant note:\n")
-		b.WriteString(quote(strings.Join(strings.Fields(f.lastNote), " "), budgetCurrent))
+		b.WriteString(quote(collapseSpace(f.lastNote), budgetCurrent))
 	}
 	if f.lastCommand != "" {
 		fmt.Fprintf(&b, "Last command: `%s`\n", f.lastCommand)

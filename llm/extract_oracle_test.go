@@ -1,0 +1,501 @@
+package llm
+
+import (
+	"encoding/json"
+	"path"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/ctxpipe/ctxpipe/prompts"
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// The file, command and error extraction runs on every condense and
+// truncation, so its hot regular expressions and its decoding of each tool
+// input into a map were replaced by hand-written scanners. Its output is
+// part of every summary, so the rewrite must not change one byte: this file
+// keeps the implementation it replaced as the reference (the ref… names),
+// and the tests below compare the two over every message of the shared
+// real runs, plus seeds and a fuzz target for the inputs the runs lack.
+
+var (
+	refRedirect     = regexp.MustCompile(`(?:>>?|\btee\s+(?:-a\s+)?)\s*['"]?([^\s'";|&<>()]+)`)
+	refSedInPlace   = regexp.MustCompile(`\bsed\s+(?:-[a-zA-Z]*i|--in-place)`)
+	refSplitCommand = regexp.MustCompile("[\\s;|&<>()'\"`=,{}\\[\\]$]+")
+	refLineSuffix   = regexp.MustCompile(`(:\d+)+:?$`)
+	refPathChars    = regexp.MustCompile(`^[A-Za-z0-9_./~+@-]+$`)
+	refSedScript    = regexp.MustCompile(`^[sy]/[^/]*/[^/]*/[a-zA-Z0-9]*$`)
+	refFileLine     = regexp.MustCompile(`^- (\S+) \((created|edited|read)\)$`)
+	refReturnCode   = regexp.MustCompile(`<returncode>\s*(-?\d+)\s*</returncode>`)
+	refTag          = regexp.MustCompile(`<[^<>\n]{1,40}>`)
+	refErrorLine    = regexp.MustCompile(`(?:Error|Exception|exceptions?)\b|\berror\b|\bERROR\b|Traceback|FAILED`)
+)
+
+func refLastErrorLine(out string) string {
+	if t := strings.TrimSpace(out); strings.HasPrefix(t, MaskedPrefix) {
+		if m := maskedError.FindStringSubmatch(t); m != nil {
+			return m[1]
+		}
+	}
+	for rest := out; rest != ""; {
+		line := rest
+		if i := strings.LastIndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[i+1:], rest[:i]
+		} else {
+			rest = ""
+		}
+		if !mayReportError(line) || !refErrorLine.MatchString(line) {
+			continue
+		}
+		l := strings.Join(strings.Fields(line), " ")
+		if l == "" || boilerplateLines[l] || codeLinePattern.MatchString(l) {
+			continue
+		}
+		return clip(l, maxLastErrorChars)
+	}
+	return ""
+}
+
+func refFilesTouched(msgs []schema.Message) []FileTouch {
+	var out []FileTouch
+	at := map[string]int{}
+	rank := map[string]int{"read": 0, "edited": 1, "created": 2}
+	add := func(p, how string) {
+		if p == "" {
+			return
+		}
+		if i, ok := at[p]; ok {
+			if rank[how] > rank[out[i].How] {
+				out[i].How = how
+			}
+			return
+		}
+		if len(out) == MaxFilesTouched {
+			return
+		}
+		at[p] = len(out)
+		out = append(out, FileTouch{Path: p, How: how})
+	}
+	for i, m := range msgs {
+		if i == len(msgs)-1 && m.Role == schema.RoleUser && prompts.IsFinalInstruction(userText(m.Content)) {
+			break
+		}
+		if m.IsCondenseSummary() {
+			for _, f := range refFilesFromList(summaryText(m.Content)) {
+				add(f.Path, f.How)
+			}
+			continue
+		}
+		for _, b := range m.Content.BlocksOf() {
+			if b.Type == schema.BlockToolUse {
+				refTouchedBy(b, add)
+			}
+		}
+	}
+	return out
+}
+
+func refTouchedBy(b schema.Block, add func(path, how string)) {
+	name := strings.ToLower(b.Name)
+	how := "read"
+	switch {
+	case containsAny(name, editTools):
+		how = "edited"
+	case containsAny(name, writeTools):
+		how = "created"
+	}
+	var input map[string]any
+	_ = json.Unmarshal(b.Input, &input)
+	for _, k := range pathKeys {
+		for _, p := range stringsOf(input[k]) {
+			add(refExplicitPath(p), how)
+		}
+	}
+	for _, k := range commandKeys {
+		for _, cmd := range stringsOf(input[k]) {
+			written := map[string]string{}
+			for _, line := range strings.Split(cmd, "\n") {
+				for _, m := range refRedirect.FindAllStringSubmatch(line, -1) {
+					if p := refCleanPath(m[1]); p != "" {
+						written[p] = "created"
+					}
+				}
+				if strings.Contains(line, "<<") {
+					break
+				}
+			}
+			edits := refSedInPlace.MatchString(cmd)
+			for _, p := range refPathsInCommand(cmd) {
+				switch {
+				case written[p] != "":
+					add(p, written[p])
+				case edits:
+					add(p, "edited")
+				default:
+					add(p, "read")
+				}
+			}
+		}
+	}
+}
+
+func refFilesFromList(summary string) []FileTouch {
+	i := strings.Index(summary, FilesTouchedHeading)
+	if i < 0 {
+		return nil
+	}
+	var out []FileTouch
+	for _, line := range strings.Split(summary[i+len(FilesTouchedHeading):], "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "## ") {
+			break
+		}
+		if m := refFileLine.FindStringSubmatch(line); m != nil {
+			out = append(out, FileTouch{Path: m[1], How: m[2]})
+		}
+	}
+	return out
+}
+
+func refPathsInCommand(cmd string) []string {
+	var out []string
+	for _, line := range strings.Split(cmd, "\n") {
+		for _, w := range refSplitCommand.Split(line, -1) {
+			if p := refCleanPath(w); p != "" {
+				out = append(out, p)
+			}
+		}
+		if strings.Contains(line, "<<") {
+			break
+		}
+	}
+	return out
+}
+
+func refCleanPath(w string) string {
+	w = strings.TrimSpace(w)
+	w = strings.TrimRight(w, ".:")
+	w = refLineSuffix.ReplaceAllString(w, "")
+	w = strings.TrimPrefix(w, "./")
+	if !refLooksLikePath(w) {
+		return ""
+	}
+	return w
+}
+
+func refExplicitPath(p string) string {
+	p = strings.TrimPrefix(strings.TrimSpace(p), "./")
+	if p == "" || p == "." || len(p) > 200 || strings.HasPrefix(p, "-") || !refPathChars.MatchString(p) {
+		return ""
+	}
+	return p
+}
+
+func refLooksLikePath(w string) bool {
+	if len(w) < 2 || len(w) > 200 || strings.HasPrefix(w, "-") || strings.Contains(w, "://") ||
+		!refPathChars.MatchString(w) {
+		return false
+	}
+	for _, skip := range []string{"/dev/", "/proc/", "/sys/"} {
+		if strings.HasPrefix(w, skip) || w+"/" == skip {
+			return false
+		}
+	}
+	if w == ".." || w == "~" || strings.Trim(w, "./") == "" {
+		return false
+	}
+	if refSedScript.MatchString(w) {
+		return false
+	}
+	if ext := strings.TrimPrefix(path.Ext(w), "."); fileExts[ext] {
+		base := strings.TrimSuffix(path.Base(w), "."+ext)
+		_, err := strconv.ParseFloat(base, 64)
+		return base != "" && err != nil
+	}
+	if !strings.Contains(w, "/") {
+		return false
+	}
+	if strings.HasPrefix(w, "/") || strings.HasPrefix(w, "~/") || strings.HasPrefix(w, "../") {
+		return strings.IndexFunc(w, isLetter) >= 0
+	}
+	for _, seg := range strings.Split(strings.TrimSuffix(w, "/"), "/") {
+		if seg == "" || !(isLetter(rune(seg[0])) || seg[0] == '_' || seg[0] == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+func refMeaningfulLines(s string) []string {
+	var out []string
+	for _, line := range strings.Split(s, "\n") {
+		if l := strings.TrimSpace(refTag.ReplaceAllString(line, "")); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// refWritten is what the reference found as shell write targets in one line.
+func refWritten(line string) []string {
+	var out []string
+	for _, m := range refRedirect.FindAllStringSubmatch(line, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// corpus is every string of the runs the extraction may be given: the
+// inputs (each tool call's command and path values) and the outputs (each
+// text block and each tool result's rendered output).
+func corpus(runs []transcript) (inputs, outputs []string) {
+	for _, r := range runs {
+		for _, m := range r.msgs {
+			for _, b := range m.Content.BlocksOf() {
+				switch b.Type {
+				case schema.BlockText:
+					outputs = append(outputs, b.Text)
+				case schema.BlockToolResult:
+					if b.Content != nil {
+						outputs = append(outputs, RenderContent(*b.Content))
+					}
+				case schema.BlockToolUse:
+					var input map[string]any
+					_ = json.Unmarshal(b.Input, &input)
+					for _, k := range append(append([]string(nil), pathKeys...), commandKeys...) {
+						inputs = append(inputs, stringsOf(input[k])...)
+					}
+				}
+			}
+		}
+	}
+	return inputs, outputs
+}
+
+// sameOutputExtraction fails t where the scanners and the reference
+// disagree on a tool output or a text, on the parts of it each reads. The
+// command scanners are not run over outputs: through the regexps the 6.5 MB
+// take minutes under the race detector, and the fuzz target covers them.
+func sameOutputExtraction(t *testing.T, s string) {
+	t.Helper()
+	if got, want := LastErrorLine(s), refLastErrorLine(s); got != want {
+		t.Fatalf("LastErrorLine(%q) = %q, reference %q", s, got, want)
+	}
+	if got, want := meaningfulLines(head(s, 8<<10)), refMeaningfulLines(head(s, 8<<10)); !reflect.DeepEqual(got, want) {
+		t.Fatalf("meaningfulLines(%q) = %q, reference %q", head(s, 8<<10), got, want)
+	}
+	gotCode, gotSpan, gotOK := findReturnCode(head(s, 256))
+	if m := refReturnCode.FindStringSubmatch(head(s, 256)); gotOK != (m != nil) || gotOK && (gotCode != m[1] || gotSpan != m[0]) {
+		t.Fatalf("findReturnCode(%q) = %q %q %v, reference %q", head(s, 256), gotCode, gotSpan, gotOK, m)
+	}
+	if e := head(s, 8*maxNoteChars); collapseSpace(e) != strings.Join(strings.Fields(e), " ") {
+		t.Fatalf("collapseSpace(%q) = %q", e, collapseSpace(e))
+	}
+}
+
+// sameExtraction fails t where the scanners and the reference disagree on
+// s: as a command, as a path value, and line by line.
+func sameExtraction(t *testing.T, s string) {
+	t.Helper()
+	if got, want := pathsInCommand(s), refPathsInCommand(s); !reflect.DeepEqual(got, want) {
+		t.Fatalf("pathsInCommand(%q) = %q, reference %q", s, got, want)
+	}
+	if got, want := editsInPlace(s), refSedInPlace.MatchString(s); got != want {
+		t.Fatalf("editsInPlace(%q) = %v, reference %v", s, got, want)
+	}
+	if got, want := meaningfulLines(head(s, 8<<10)), refMeaningfulLines(head(s, 8<<10)); !reflect.DeepEqual(got, want) {
+		t.Fatalf("meaningfulLines(%q) = %q, reference %q", head(s, 8<<10), got, want)
+	}
+	if got, want := LastErrorLine(s), refLastErrorLine(s); got != want {
+		t.Fatalf("LastErrorLine(%q) = %q, reference %q", s, got, want)
+	}
+	if got, want := collapseSpace(s), strings.Join(strings.Fields(s), " "); got != want {
+		t.Fatalf("collapseSpace(%q) = %q, reference %q", s, got, want)
+	}
+	gotCode, gotSpan, gotOK := findReturnCode(head(s, 256))
+	if m := refReturnCode.FindStringSubmatch(head(s, 256)); gotOK != (m != nil) || gotOK && (gotCode != m[1] || gotSpan != m[0]) {
+		t.Fatalf("findReturnCode(%q) = %q %q %v, reference %q", head(s, 256), gotCode, gotSpan, gotOK, m)
+	}
+	for line := range strings.SplitSeq(s, "\n") {
+		if got, want := reportsError(line), refErrorLine.MatchString(line); got != want {
+			t.Fatalf("reportsError(%q) = %v, reference %v", line, got, want)
+		}
+		if got, want := writeTargets(line, nil), refWritten(line); !reflect.DeepEqual(got, want) {
+			t.Fatalf("writeTargets(%q) = %q, reference %q", line, got, want)
+		}
+	}
+	if got, want := explicitPath(s), refExplicitPath(s); got != want {
+		t.Fatalf("explicitPath(%q) = %q, reference %q", s, got, want)
+	}
+}
+
+// sameWords fails t where the word tests and the reference disagree on a
+// word of s. The corpus test leaves them to pathsInCommand, which applies
+// them to every word; the seeds and the fuzzer call them one by one.
+func sameWords(t *testing.T, s string) {
+	t.Helper()
+	for line := range strings.SplitSeq(s, "\n") {
+		for _, w := range refSplitCommand.Split(line, -1) {
+			if got, want := cleanPath(w), refCleanPath(w); got != want {
+				t.Fatalf("cleanPath(%q) = %q, reference %q", w, got, want)
+			}
+			if got, want := explicitPath(w), refExplicitPath(w); got != want {
+				t.Fatalf("explicitPath(%q) = %q, reference %q", w, got, want)
+			}
+			if got, want := looksLikePath(w), refLooksLikePath(w); got != want {
+				t.Fatalf("looksLikePath(%q) = %v, reference %v", w, got, want)
+			}
+		}
+	}
+}
+
+// refToolInput is what readToolInput read before the JSON fast path: every
+// input through encoding/json.
+func refToolInput(raw []byte) toolInput {
+	var in toolInput
+	var input map[string]any
+	_ = json.Unmarshal(raw, &input)
+	for _, k := range pathKeys {
+		in.paths = append(in.paths, stringsOf(input[k])...)
+	}
+	for i, k := range commandKeys {
+		for _, cmd := range stringsOf(input[k]) {
+			in.commands = append(in.commands, command{key: i, text: cmd, paths: pathsInCommand(cmd)})
+		}
+	}
+	return in
+}
+
+// sameToolInput fails t where readToolInput and encoding/json disagree on raw.
+func sameToolInput(t *testing.T, raw []byte) {
+	t.Helper()
+	if got, want := readToolInput(raw), refToolInput(raw); !reflect.DeepEqual(got, want) {
+		t.Fatalf("readToolInput(%q) = %+v, reference %+v", raw, got, want)
+	}
+}
+
+// sameFilesTouched fails t where FilesTouched and the reference disagree on
+// calls built from s: s as the command and path values of a JSON input, as
+// a whole raw input (often not JSON at all), and as an earlier summary.
+func sameFilesTouched(t *testing.T, s string) {
+	t.Helper()
+	in, _ := json.Marshal(map[string]any{"command": s, "cmd": []any{s, 1, s}, "path": s, "files": []string{s, s + ".py"}})
+	for _, raw := range []string{s, string(in), `{"command":` + strconv.Quote(s) + `}`, `{"path":"` + s + `","command":"` + s + `"}`,
+		"{\"file\":\"a\",\"" + s + "\":\"b.go\"}", `{"cmd":` + s + `}`} {
+		sameToolInput(t, []byte(raw))
+	}
+	msgs := []schema.Message{
+		{Turn: schema.Turn{Role: schema.RoleUser, Content: schema.TextContent(FilesTouchedHeading + "\n" + s)}, IsSummary: true},
+		callMsg(use("1", "bash", string(in)), use("2", "edit", s)),
+		callMsg(use("3", "Write_File", `{"file_path":`+strconv.Quote(s)+`}`)),
+	}
+	if got, want := FilesTouched(msgs), refFilesTouched(msgs); !reflect.DeepEqual(got, want) {
+		t.Fatalf("FilesTouched(%q) = %v, reference %v", s, got, want)
+	}
+}
+
+// TestExtractionMatchesReference compares the scanners with the regexp
+// reference over every message of the 43 runs: FilesTouched message by
+// message and run by run, readToolInput on every tool input, and each
+// helper over every command and path value and every output of the runs.
+func TestExtractionMatchesReference(t *testing.T) {
+	runs := allTranscripts(t)
+	messages := 0
+	for _, r := range runs {
+		t.Run(r.name, func(t *testing.T) {
+			for i := range r.msgs {
+				for _, b := range r.msgs[i].Content.BlocksOf() {
+					if b.Type == schema.BlockToolUse {
+						sameToolInput(t, b.Input)
+					}
+				}
+				one := r.msgs[i : i+1]
+				if got, want := FilesTouched(one), refFilesTouched(one); !reflect.DeepEqual(got, want) {
+					t.Fatalf("message %s: FilesTouched = %v, reference %v", r.msgs[i].ID, got, want)
+				}
+				messages++
+			}
+			if got, want := FilesTouched(r.msgs), refFilesTouched(r.msgs); !reflect.DeepEqual(got, want) {
+				t.Fatalf("whole run: FilesTouched = %v, reference %v", got, want)
+			}
+			// An earlier summary's list is read back the same way.
+			list := RenderFilesTouched(FilesTouched(r.msgs))
+			if got, want := filesFromList(list), refFilesFromList(list); !reflect.DeepEqual(got, want) {
+				t.Fatalf("filesFromList = %v, reference %v", got, want)
+			}
+		})
+	}
+	if messages != 7743 {
+		t.Errorf("compared %d messages; the runs hold 7743", messages)
+	}
+	inputs, outputs := corpus(runs)
+	for _, s := range inputs {
+		sameExtraction(t, s)
+	}
+	for _, s := range outputs {
+		sameOutputExtraction(t, s)
+	}
+}
+
+// TestExtractionEdgeCases compares the scanners with the reference on the
+// corner cases of the patterns they replace, which the runs may lack.
+func TestExtractionEdgeCases(t *testing.T) {
+	for _, s := range extractionSeeds {
+		sameExtraction(t, s)
+		sameWords(t, s)
+		sameFilesTouched(t, s)
+		list := FilesTouchedHeading + "\n" + s
+		if got, want := filesFromList(list), refFilesFromList(list); !reflect.DeepEqual(got, want) {
+			t.Fatalf("filesFromList(%q) = %v, reference %v", list, got, want)
+		}
+	}
+}
+
+var extractionSeeds = []string{
+	"", "\n", "a", "tee", "tee ", "tee x.py", "tee -a x.py", "tee -a 'x.py", "tee -a '", "tee -a\t\"", "tee -ab x.py",
+	"tee\t-a  \"out.log\"", "xtee a.py", "_tee a.py", ".tee a.py", "tee>a.py", "tee -a", "tee -a ", "tee -a -a b.go",
+	"> a.py", ">> a.py", ">>> a.py", "> 'a.py'", ">'\"a.py", "> >b.go", "echo x >a/b.txt 2>&1", "a>b>c.go", "> ", ">",
+	"tee -a 'x.py' | tee y.md", "é > ü/ä.go", "x > \xff/a.go", "cat <<EOF > a.py\nb > c.py\nEOF",
+	"sed -i s/a/b/ f.go", "sed  -ni x", "sed -n x", "sed --in-place f.go", "sed --in-placex", "sed -", "sed\n-i",
+	"xsed -i a.go", "_sed -i a.go", "(sed -i", "sed -I", "sed -Ei", "sed -E1i", "sed", "sed ", "sed\t-zxi a.txt",
+	"src/a.go:12", "src/a.go:12:", "src/a.go:12:3:", "src/a.go::12", "src/a.go:x:12", "a.go:", "a.go:.", "a.go.:",
+	":12", "a:1b:2", "pkg/:1", "./:1", "./a.py:1.", "s/a/b/g", "y/a/b/", "s/a/b/c/d", "s/a/b/g1", "s/a/b/-",
+	"sx/a/b/", "s/", "s//", "s///", "x/2", "_a/b", ".a/b", "a//b", "/1/2", "~/1", "../1/", "~", "..", "./", ".",
+	"-x.py", "http://a/b.py", "/dev/null", "/dev", "/proc", "/sys/", "/devx/a", "1.py", "1e5.py", "inf.py", "nan.go",
+	"x.1.py", ".py", "a/.py", "a/1.5.json", "Infinity.go", "-inf.md", "+1.txt", ".5.py", "a/.5.json", "+.5.md", "a/+Inf.go", "N.go", "0x.go", "0x1p2.go", "1_0.go", "a b.go",
+	"a\vb.go", "a\u00a0b.go", "\u00a0a.go\u00a0", "a.go\t", "'a.go'", "`a.go`", "a=b.go", "{a,b}.go", "$x/a.go",
+	"<returncode>1</returncode>", "<returncode> -12 \n</returncode>", "<returncode>--1</returncode>", "<returncode></returncode>",
+	"x<returncode>0</returncode><returncode>2</returncode>", "<returncode>\t7</returncode >",
+	`{"command":"cat a.py"}`, `{"path":"x/y.go","path":"z.go"}`, `{"Path":"a.go"}`, `{"pa\u0074h":"a.go"}`, `[1]`, `null`, `{`,
+	"ValueError: x", "Errors", "error", "xerror", "error_x", "errorx", "ERROR:", "_ERROR", "exception", "exceptions", "exceptionsx",
+	"Exceptional", "NoError1", "an error.", "élerror", "erroré", "TracebackFAILED", "  a \t b  ", "a\u00a0b", "a\u0085 b", " ", "\xffa  b",
+	`{}`, ` { } `, `{"command":"a\u0041.py"}`, `{"command":"a\tb\\c\/d\"e\b\f\r\n.py"}`, `{"command":"x"}x`, `{"command":"x",}`,
+	`{"command":"x" "path":"y"}`, `{"command" : "cat a.py" , "command":"cat b.py"}`, `{"command":"a\x"}`, "{\"command\":\"a\x01\"}",
+	"{\"command\":\"\xffa.py\"}", `{"command":"é.py"}`, `{"command":"ls",}`, `{"command":true}`, `{"command":"ls","n":1}`,
+	"\ufeff{\"command\":\"ls a.py\"}", "{\"command\":\"ls a.py\"}\f", `{"command":"ls a.py"`, `{"command":"\`, `{"command":`, `{"`,
+	"<a>b</a>", "<>x", "<\n>", "<" + strings.Repeat("a", 40) + ">x", "<" + strings.Repeat("a", 41) + ">x", "<<a>>", "<a<b>c>",
+	"<é" + strings.Repeat("a", 39) + ">x", "<" + strings.Repeat("é", 40) + ">x", "<" + strings.Repeat("é", 41) + ">x", "<\xff>x",
+	"  <output> \n\n\t</output>", "- a.go (read)", "- a.go (edited)", "- a.go (created)", "- a.go (made)", "- a b (read)",
+	"-  a.go (read)", "- a.go  (read)", "- a.go (read) ", "\t- a.go (read)", "- (read)", "- a\fb (read)", "- a\vb (read)",
+	"- a.go (read)\n## next\n- b.go (read)", "- é.go (read)", "- \xff (read)",
+}
+
+// FuzzExtractionMatchesReference looks for inputs on which the scanners and
+// the regexp reference disagree.
+func FuzzExtractionMatchesReference(f *testing.F) {
+	for _, s := range extractionSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		sameExtraction(t, s)
+		sameWords(t, s)
+		sameFilesTouched(t, s)
+		list := FilesTouchedHeading + "\n" + s
+		if got, want := filesFromList(list), refFilesFromList(list); !reflect.DeepEqual(got, want) {
+			t.Fatalf("filesFromList(%q) = %v, reference %v", list, got, want)
+		}
+	})
+}
