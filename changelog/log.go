@@ -220,3 +220,83 @@ func Follow(ctx context.Context, js jetstream.JetStream, from uint64, have func(
 		}
 	}
 }
+
+// FollowLive is Follow for a running instance, which wrote many of the
+// records itself: the consumer delivers headers only, and the data of a
+// message is fetched (a direct get) only when have says the instance lacks
+// it. A single instance thus never reads its own records back.
+func FollowLive(ctx context.Context, js jetstream.JetStream, from uint64, have func(p int, seq uint64) bool, out chan<- Item) error {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.StateSubjects}, HeadersOnly: true}
+	if from > 1 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	}
+	stream, err := js.Stream(ctx, bus.StreamState)
+	if err != nil {
+		return fmt.Errorf("follow %s: %w", bus.StreamState, err)
+	}
+	cons, err := stream.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("follow %s: %w", bus.StreamState, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(4096))
+	if err != nil {
+		return fmt.Errorf("follow %s: %w", bus.StreamState, err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	asm := NewAssembler()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("follow %s: %w", bus.StreamState, err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		item := Item{Seq: md.Sequence.Stream, Pending: md.NumPending}
+		p, ok := bus.PartitionOfState(msg.Subject())
+		switch {
+		case !ok:
+			item.Err = fmt.Errorf("subject %q names no partition", msg.Subject())
+		case have != nil && have(p, item.Seq):
+			item.Partition = p
+			asm.Drop(p)
+		default:
+			item.Partition = p
+			raw, err := stream.GetMsg(ctx, item.Seq)
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("follow %s: read %d: %w", bus.StreamState, item.Seq, err)
+			}
+			data, complete, err := asm.Add(p, raw.Header, raw.Data)
+			switch {
+			case err != nil:
+				item.Err = err
+			case !complete:
+				item.Piece = true
+			default:
+				rec, err := Decode(data)
+				if err == nil && rec.Partition != p {
+					err = fmt.Errorf("record of partition %d on the subject of %d", rec.Partition, p)
+				}
+				if err != nil {
+					item.Err = err
+				} else {
+					item.Record = &rec
+				}
+			}
+		}
+		select {
+		case out <- item:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

@@ -20,6 +20,18 @@ type commitReq struct {
 	done      chan error
 }
 
+// size is the payload bytes a request commits, the bulk of its records.
+func (q *commitReq) size() int {
+	n := 0
+	for _, e := range q.entries {
+		n += len(e.Input.Payload)
+		if e.Input.Stored != nil {
+			n = n - len(e.Input.Payload) + e.Input.Stored.Size
+		}
+	}
+	return n
+}
+
 // errBehind fails a batch whose partition's changelog moved on under it
 // (another writer appended first). It is transient: once the follower has
 // applied what was appended, the batch is prepared again.
@@ -153,9 +165,12 @@ func (r *Runner) committer(followed <-chan changelog.Item) {
 				commits = nil
 				continue
 			}
-			reqs, n := []*commitReq{req}, len(req.entries)
+			reqs, n, size := []*commitReq{req}, len(req.entries), req.size()
 		gather:
-			for n < r.cfg.MaxBatch {
+			// Bounded in inputs and in bytes: the round's changelog
+			// records are encoded in memory, and 4 MiB turns would make
+			// a round of a thousand inputs gigabytes.
+			for n < r.cfg.MaxBatch && size < r.cfg.MaxCommitBytes {
 				select {
 				case x, ok := <-commits:
 					if !ok {
@@ -164,6 +179,7 @@ func (r *Runner) committer(followed <-chan changelog.Item) {
 					}
 					reqs = append(reqs, x)
 					n += len(x.entries)
+					size += x.size()
 				default:
 					break gather
 				}

@@ -18,8 +18,10 @@ type Config struct {
 	// LaneBatch is how many of a conversation's waiting inputs a worker
 	// applies before one commit.
 	LaneBatch int
-	// MaxBatch caps the inputs (across workers) in one SQLite transaction.
-	MaxBatch int
+	// MaxBatch caps the inputs (across workers) in one SQLite transaction,
+	// and MaxCommitBytes their payload bytes (a batch over it goes alone).
+	MaxBatch       int
+	MaxCommitBytes int
 	// AckWait is the consumer's ack wait; in-progress acks are sent every
 	// third of it while an input is held.
 	AckWait time.Duration
@@ -63,6 +65,7 @@ func DefaultConfig() Config {
 		LaneBuffer:      256,
 		LaneBatch:       64,
 		MaxBatch:        1024,
+		MaxCommitBytes:  16 << 20,
 		AckWait:         30 * time.Second,
 		MaxDeliver:      10,
 		RetryBudget:     2 * time.Minute,
@@ -85,6 +88,7 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.LaneBuffer, d.LaneBuffer)
 	orDefault(&c.LaneBatch, d.LaneBatch)
 	orDefault(&c.MaxBatch, d.MaxBatch)
+	orDefault(&c.MaxCommitBytes, d.MaxCommitBytes)
 	orDefault(&c.AckWait, d.AckWait)
 	orDefault(&c.MaxDeliver, d.MaxDeliver)
 	orDefault(&c.RetryBudget, d.RetryBudget)

@@ -427,7 +427,7 @@ func (f *follower) run(ctx context.Context) {
 		f.cancel = cancel
 		f.mu.Unlock()
 		from := f.r.log.safeCursor() + 1
-		err := changelog.Follow(fctx, f.r.JS, from, f.r.log.has, f.out)
+		err := changelog.FollowLive(fctx, f.r.JS, from, f.r.log.has, f.out)
 		restarted := fctx.Err() != nil && ctx.Err() == nil
 		cancel()
 		if ctx.Err() != nil {

@@ -75,6 +75,30 @@ type job struct {
 	seq       uint64 // stream sequence: the id of last resort
 	deliver   uint64 // delivery count
 	touched   time.Time
+
+	hashed bool
+	hash   [32]byte // of the payload, once computed (payloadHash)
+}
+
+// payloadHash is the sha256 of the payload, computed once: the duplicate
+// check, the changelog record and the store all need it, and for a 4 MiB
+// turn it is not free.
+func (j *job) payloadHash() [32]byte {
+	if !j.hashed {
+		j.hash, j.hashed = store.PayloadHash(j.msg.Data()), true
+	}
+	return j.hash
+}
+
+// storedPayload is the job's payload as an input row keeps it, with the
+// whole payload's hash and size.
+func (j *job) storedPayload(status store.Status) ([]byte, *store.StoredPayload) {
+	data := j.msg.Data()
+	sp := &store.StoredPayload{Hash: j.payloadHash(), Size: len(data)}
+	if status == store.StatusRejected && len(data) > store.RejectedPayloadPrefix {
+		data = data[:store.RejectedPayloadPrefix]
+	}
+	return data, sp
 }
 
 // New returns a runner; Run starts it.
@@ -395,7 +419,7 @@ func (r *Runner) prepare(ctx context.Context, batch []*job) ([]store.Entry, erro
 			prev, dup = stored[it.in.ID]
 		}
 		switch {
-		case dup && sameInput(prev, it.in.ConversationID, j.msg.Data()):
+		case dup && sameInput(prev, it.in.ConversationID, j.payloadHash()):
 			// A redelivery, or the client sent it again: already done.
 			r.Metrics.Inc("ctxpipe_inputs_total", `outcome="duplicate"`)
 			continue
@@ -405,7 +429,7 @@ func (r *Runner) prepare(ctx context.Context, batch []*job) ([]store.Entry, erro
 			if e, err = r.apply(ctx, j, it.in, views, seen); err != nil {
 				return nil, err
 			}
-			taken[it.in.ID] = store.SeenInput{ConversationID: it.in.ConversationID, PayloadHash: store.PayloadHash(j.msg.Data())}
+			taken[it.in.ID] = store.SeenInput{ConversationID: it.in.ConversationID, PayloadHash: j.payloadHash()}
 		}
 		if e != nil {
 			entries = append(entries, *e)
@@ -416,8 +440,8 @@ func (r *Runner) prepare(ctx context.Context, batch []*job) ([]store.Entry, erro
 
 // sameInput tells whether a stored input is this very input again: the same
 // conversation and the same bytes.
-func sameInput(prev store.SeenInput, conv string, payload []byte) bool {
-	return prev.ConversationID == conv && prev.PayloadHash == store.PayloadHash(payload)
+func sameInput(prev store.SeenInput, conv string, hash [32]byte) bool {
+	return prev.ConversationID == conv && prev.PayloadHash == hash
 }
 
 // reusedID rejects an input whose id was used before with other content or
@@ -425,7 +449,7 @@ func sameInput(prev store.SeenInput, conv string, payload []byte) bool {
 // id derived from the input id, the conversation and the content, so it is
 // idempotent itself and never collides with the input that owns the id.
 func (r *Runner) reusedID(j *job, in schema.Input, prev store.SeenInput, seen map[string]bool) *store.Entry {
-	h := store.PayloadHash(j.msg.Data())
+	h := j.payloadHash()
 	where := "with other content"
 	if prev.ConversationID != in.ConversationID {
 		where = "in another conversation"
@@ -503,10 +527,11 @@ func (r *Runner) apply(ctx context.Context, j *job, in schema.Input, views map[s
 	v.state = ch.State
 	v.pending = append(v.pending, ch)
 	seen[in.ID] = true
+	payload, stored := j.storedPayload(store.StatusApplied)
 	return &store.Entry{
 		Input: store.InputRecord{
 			ID: in.ID, ConversationID: in.ConversationID, Kind: string(in.Kind), Subject: j.subject,
-			TS: in.TS, Payload: j.msg.Data(), Status: store.StatusApplied,
+			TS: in.TS, Payload: payload, Stored: stored, Status: store.StatusApplied,
 		},
 		Changes: ch,
 	}, nil
@@ -543,10 +568,11 @@ func (r *Runner) rejection(j *job, id string, cause error) store.Entry {
 	kind := subject[strings.LastIndexByte(subject, '.')+1:]
 	ts := time.Now().UnixMilli()
 	r.Log.Info("input rejected", "conv", conv, "input_id", id, "reason", reason, "detail", msg)
+	payload, stored := j.storedPayload(store.StatusRejected)
 	return store.Entry{
 		Input: store.InputRecord{
 			ID: id, ConversationID: j.conv, Kind: kind, Subject: subject, TS: ts,
-			Payload: j.msg.Data(), Status: store.StatusRejected, Reason: string(reason),
+			Payload: payload, Stored: stored, Status: store.StatusRejected, Reason: string(reason),
 		},
 		Changes: &schema.Changes{Events: []schema.Event{&schema.InputRejected{
 			EventHeader: schema.EventHeader{

@@ -40,7 +40,7 @@ var (
 
 // buildConsumer builds this package's binary (without -race: the child is
 // the system under test, the race detector watches the test process).
-func buildConsumer(t *testing.T) string {
+func buildConsumer(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		// The go on PATH, else the one in $GOROOT (the go command sets it

@@ -127,6 +127,7 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.IntVar(&c.Globals.AutoCondensePercent, "condense-percent", c.Globals.AutoCondensePercent, "global condense threshold, percent of the window (Roo's autoCondenseContextPercent, 5-100)")
 	fs.IntVar(&c.Pipeline.Lanes, "lanes", c.Pipeline.Lanes, "conversations applied at once")
 	fs.DurationVar(&c.Pipeline.AckWait, "ack-wait", c.Pipeline.AckWait, "JetStream ack wait (in-progress acks every third of it)")
+	fs.IntVar(&c.Pipeline.MaxHeldBytes, "max-held-bytes", c.Pipeline.MaxHeldBytes, "payload bytes fetched and not yet acked, at most; past it fetching waits (the main term of the memory bound)")
 	fs.IntVar(&c.Pipeline.MaxDeliver, "max-deliver", c.Pipeline.MaxDeliver, "deliveries before an input is rejected as poison")
 	fs.DurationVar(&c.Pipeline.ShutdownTimeout, "shutdown-timeout", c.Pipeline.ShutdownTimeout, "how long a graceful stop may take")
 	c.NATS.RegisterFlags(fs)
