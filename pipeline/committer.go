@@ -62,13 +62,16 @@ type logState struct {
 
 	mu     sync.RWMutex
 	shared []uint64 // copy of applied for the follower
+	// own holds, per partition, the last record this instance appended
+	// and is committing: the follower must not fetch it back meanwhile.
+	own []uint64
 	cur    uint64
 	moved  chan struct{} // closed and replaced whenever cursor moves
 }
 
 func newLogState(partitions int, pos map[int]uint64, cursor uint64) *logState {
 	ls := &logState{applied: make([]uint64, partitions+1), pieceTail: make([]uint64, partitions+1), pieceHead: make([]uint64, partitions+1),
-		shared: make([]uint64, partitions+1), cursor: cursor, cur: cursor, moved: make(chan struct{})}
+		shared: make([]uint64, partitions+1), own: make([]uint64, partitions+1), cursor: cursor, cur: cursor, moved: make(chan struct{})}
 	for p, seq := range pos {
 		if p >= 0 && p <= partitions {
 			ls.applied[p], ls.shared[p] = seq, seq
@@ -117,11 +120,31 @@ func (ls *logState) safeCursor() uint64 {
 	return ls.cur
 }
 
-// has tells the follower whether the store holds p's message seq already.
+// has tells the follower whether the store holds p's message seq already,
+// or is about to (this instance appended it and is committing it).
 func (ls *logState) has(p int, seq uint64) bool {
 	ls.mu.RLock()
 	defer ls.mu.RUnlock()
-	return p >= 0 && p < len(ls.shared) && seq <= ls.shared[p]
+	return p >= 0 && p < len(ls.shared) && (seq <= ls.shared[p] || seq <= ls.own[p])
+}
+
+// appended records this instance's own appends while their commit runs;
+// done ends that (the commit either landed, and applied covers them, or
+// failed, and the follower must read them after all).
+func (ls *logState) appended(seqs map[int]uint64) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	for p, seq := range seqs {
+		ls.own[p] = max(ls.own[p], seq)
+	}
+}
+
+func (ls *logState) appendDone(seqs map[int]uint64) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	for p := range seqs {
+		ls.own[p] = 0
+	}
 }
 
 // waitCursor waits until every changelog message up to seq was handled.
@@ -299,6 +322,12 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 		// Undo the partitions whose append failed; the others are in the
 		// log and must be committed as they are.
 		tx.Rollback()
+		ownSeqs := map[int]uint64{}
+		for i, b := range kept {
+			ownSeqs[b.partition] = keptSeqs[i]
+		}
+		r.log.appended(ownSeqs)
+		defer r.log.appendDone(ownSeqs)
 		if len(kept) == 0 {
 			return
 		}
@@ -320,9 +349,14 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 			positions[b.partition] = keptSeqs[i]
 		}
 	}
+	r.log.appended(positions)
+	defer r.log.appendDone(positions)
 	if err := tx.Commit(positions, 0); err != nil {
-		// The changes are in the log: the follower commits them.
+		// The changes are in the log: the follower commits them, reading
+		// them again from its cursor.
 		r.Log.Error("commit after the changelog append failed; the follower will apply the records", "err", err)
+		r.log.appendDone(positions)
+		r.follower.retry()
 		for _, b := range kept {
 			for _, q := range b.reqs {
 				q.done <- nil
@@ -418,6 +452,12 @@ func (r *Runner) applyFollowed(items []changelog.Item) {
 	positions := map[int]uint64{}
 	var cursor uint64
 	for _, it := range items {
+		if it.Record == nil && !it.Piece && it.Err == nil && it.Seq > r.log.applied[it.Partition] {
+			// Skipped as this instance's own append whose commit then
+			// failed: read it again, and nothing after it yet.
+			r.follower.retry()
+			break
+		}
 		cursor = max(cursor, it.Seq)
 		if it.Partition >= 0 && it.Partition < len(r.log.pieceHead) {
 			// Anything but a piece ends the partition's run of pieces.

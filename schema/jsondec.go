@@ -125,3 +125,9 @@ func (c Content) MarshalJSONTo(enc *jsontext.Encoder) error {
 	}
 	return enc.WriteToken(jsontext.String(c.Text))
 }
+
+// UnmarshalStored decodes JSON the service wrote itself (a stored message
+// body, a stored state): encoding/json/v2's decoder with its defaults,
+// about twice as fast as encoding/json on a large body. The input
+// decoder's lenient options are not needed: these bytes came from Marshal.
+func UnmarshalStored(data []byte, v any) error { return jsonv2.Unmarshal(data, v) }

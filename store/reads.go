@@ -231,7 +231,7 @@ func (s *Store) scanHistory(ctx context.Context, q querier, conv string, bodies 
 		switch {
 		case ok:
 		case b != nil:
-			if err := json.Unmarshal(b, &m); err != nil {
+			if err := schema.UnmarshalStored(b, &m); err != nil {
 				return nil, fmt.Errorf("history of %s: decode %s: %w", conv, id, err)
 			}
 			s.cache.put(id, m, len(b))
@@ -376,7 +376,7 @@ func fillBodies(ctx context.Context, q querier, c *messageCache, conv string, ou
 		if err := rows.Scan(&id, &body); err != nil {
 			return fmt.Errorf("messages of %s: %w", conv, err)
 		}
-		if err := json.Unmarshal(body, &m); err != nil {
+		if err := schema.UnmarshalStored(body, &m); err != nil {
 			return fmt.Errorf("messages of %s: decode %s: %w", conv, id, err)
 		}
 		c.put(id, m, len(body))
@@ -440,7 +440,7 @@ func scanMessages(ctx context.Context, q querier, c *messageCache, conv, query s
 		}
 		m, ok := c.get(id)
 		if !ok {
-			if err := json.Unmarshal(body, &m); err != nil {
+			if err := schema.UnmarshalStored(body, &m); err != nil {
 				return nil, nil, fmt.Errorf("messages of %s: decode %s: %w", conv, id, err)
 			}
 			c.put(id, m, len(body))
