@@ -58,10 +58,11 @@ type partState struct {
 	want atomic.Bool
 	wake chan struct{}
 
-	mu       sync.Mutex
-	owning   bool   // this instance holds the pin (received under it)
-	stop     func() // stops the partition's iterator; nil when none
-	yielding bool   // stop was called to hand the partition over
+	mu        sync.Mutex
+	owning    bool      // this instance holds the pin (received under it)
+	lastInput time.Time // when the last input came under the pin
+	stop      func()    // stops the partition's iterator; nil when none
+	yielding  bool      // stop was called to hand the partition over
 }
 
 func newPartStates(n int, want bool) []partState {

@@ -56,7 +56,7 @@ func BenchmarkRebuild(b *testing.B) {
 	var stats changelog.RebuildStats
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		fresh, err := store.Open(ctx, filepath.Join(b.TempDir(), "rebuilt.db"))
+		fresh, err := store.Open(ctx, filepath.Join(b.TempDir(), "rebuilt.db"), store.WithBulkLoad())
 		if err != nil {
 			b.Fatal(err)
 		}

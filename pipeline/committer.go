@@ -64,9 +64,9 @@ type logState struct {
 	shared []uint64 // copy of applied for the follower
 	// own holds, per partition, the last record this instance appended
 	// and is committing: the follower must not fetch it back meanwhile.
-	own []uint64
-	cur    uint64
-	moved  chan struct{} // closed and replaced whenever cursor moves
+	own   []uint64
+	cur   uint64
+	moved chan struct{} // closed and replaced whenever cursor moves
 }
 
 func newLogState(partitions int, pos map[int]uint64, cursor uint64) *logState {

@@ -97,8 +97,26 @@ func (r *Runner) ensureConsumers(ctx context.Context) error {
 // Partitions is N (0 until Run has read it from CTX_IN).
 func (r *Runner) Partitions() int { return int(r.nParts.Load()) }
 
-// Owned is how many partitions this instance holds the pin of.
-func (r *Runner) Owned() int { return int(r.owned.Load()) }
+// ownedWithin is how recent a partition's last input must be for Owned to
+// count it: a pin that moved away leaves no trace on this side.
+const ownedWithin = 30 * time.Second
+
+// Owned is how many partitions this instance received inputs for, under
+// its pin, in the last ownedWithin.
+func (r *Runner) Owned() int {
+	if r.nParts.Load() == 0 {
+		return 0
+	}
+	n, now := 0, time.Now()
+	for p := range r.parts {
+		r.parts[p].set(func(s *partState) {
+			if s.owning && now.Sub(s.lastInput) < ownedWithin {
+				n++
+			}
+		})
+	}
+	return n
+}
 
 // ConsumerConfig is partition p's durable consumer. Every instance creates
 // it alike; its replicas follow the stream's, so its position and pin
@@ -233,12 +251,8 @@ func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
 	// first. A message under another pin starts a new term: this instance
 	// (re)gained the partition and must first catch up.
 	term, owning := "", false
-	defer func() {
-		if owning {
-			r.owned.Add(-1)
-		}
-		r.parts[p].set(func(s *partState) { s.owning, s.stop = false, nil })
-	}()
+	var lastDelivery uint64 // the consumer sequence of the last delivery this term
+	defer r.parts[p].set(func(s *partState) { s.owning, s.stop = false, nil })
 	for {
 		msg, err := it.Next()
 		if err != nil {
@@ -247,18 +261,32 @@ func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
 			}
 			return fmt.Errorf("fetch partition %d: %w", p, err)
 		}
-		r.health.fetched(time.Now())
-		if pin := msg.Headers().Get(pinHeader); pin != term || !owning {
-			if !owning {
-				owning = true
-				r.owned.Add(1)
-			}
-			term = pin
-			r.parts[p].set(func(s *partState) { s.owning = true })
+		now := time.Now()
+		r.health.fetched(now)
+		var delivery uint64
+		if md, err := msg.Metadata(); err == nil {
+			delivery = md.Sequence.Consumer
+		}
+		switch pin := msg.Headers().Get(pinHeader); {
+		case pin != term || !owning:
+			owning, term = true, pin
 			if err := r.startTerm(ctx, p, cons, msg); err != nil {
 				return fmt.Errorf("take partition %d: %w", p, err)
 			}
+		case delivery != lastDelivery+1:
+			// While pinned, every delivery of the consumer is to this
+			// iterator, numbered one after another. A gap is a delivery
+			// lost on the way (a node died mid-flight): it would come
+			// back only after its ack wait, behind newer inputs of its
+			// conversation. Read what is unacked again, as a new term.
+			r.Log.Warn("deliveries lost in transit; replaying the unacked inputs", "partition", p,
+				"expected", lastDelivery+1, "got", delivery)
+			if err := r.startTerm(ctx, p, cons, msg); err != nil {
+				return fmt.Errorf("resync partition %d: %w", p, err)
+			}
 		}
+		lastDelivery = delivery
+		r.parts[p].set(func(s *partState) { s.owning, s.lastInput = true, now })
 		r.dispatch(p, msg)
 	}
 }
@@ -272,7 +300,7 @@ func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
 // same conversations. Applied ones are dropped as duplicates.
 func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, first jetstream.Msg) error {
 	t0 := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	info, err := cons.Info(ctx)
 	if err != nil {
@@ -286,11 +314,6 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 	if err := r.log.waitCursor(ctx, st.CachedInfo().State.LastSeq); err != nil {
 		return fmt.Errorf("catch up with the changelog: %w", err)
 	}
-	in, err := r.JS.Stream(ctx, bus.StreamIn)
-	if err != nil {
-		return fmt.Errorf("stream info: %w", err)
-	}
-	filter := bus.PartitionFilter(p, r.partitions)
 	gap := 0
 	if md, err := first.Metadata(); err == nil {
 		if md.NumDelivered == 1 {
@@ -304,20 +327,10 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 			delivered = max(delivered, md.Sequence.Stream)
 		}
 	}
-	for seq := floor + 1; seq <= delivered; {
-		raw, err := in.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
+	if floor < delivered {
+		if gap, err = r.replay(ctx, p, floor+1, delivered); err != nil {
+			return err
 		}
-		if err != nil {
-			return fmt.Errorf("read unacked input %d: %w", seq, err)
-		}
-		if raw.Sequence > delivered {
-			break
-		}
-		r.dispatch(p, &streamMsg{raw: raw})
-		gap++
-		seq = raw.Sequence + 1
 	}
 	r.Metrics.Inc("ctxpipe_partition_terms_total", "")
 	r.Log.Info("partition taken", "partition", p, "ack_floor", floor, "replayed_unacked", gap,
@@ -341,25 +354,57 @@ func (r *Runner) dispatch(p int, msg jetstream.Msg) {
 	r.sched.push(j)
 }
 
-// streamMsg is an input read from the stream rather than delivered: its
-// acks do nothing (the delivered copy is acked when it comes, as a
-// duplicate).
-type streamMsg struct{ raw *jetstream.RawStreamMsg }
-
-func (m *streamMsg) Metadata() (*jetstream.MsgMetadata, error) {
-	return &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: m.raw.Sequence}, NumDelivered: 1, Stream: bus.StreamIn}, nil
+// replay dispatches partition p's inputs with stream sequences from..to,
+// read through an ordered consumer (one request streams them all).
+func (r *Runner) replay(ctx context.Context, p int, from, to uint64) (int, error) {
+	oc, err := r.JS.OrderedConsumer(ctx, bus.StreamIn, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{bus.PartitionFilter(p, r.partitions)},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    from,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("read unacked inputs: %w", err)
+	}
+	it, err := oc.Messages(jetstream.PullMaxMessages(256))
+	if err != nil {
+		return 0, fmt.Errorf("read unacked inputs: %w", err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	n := 0
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			return n, fmt.Errorf("read unacked inputs from %d: %w", from, err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return n, fmt.Errorf("read unacked inputs: %w", err)
+		}
+		if md.Sequence.Stream > to {
+			return n, nil
+		}
+		r.dispatch(p, replayed{msg})
+		n++
+		if md.Sequence.Stream == to || md.NumPending == 0 {
+			return n, nil
+		}
+	}
 }
-func (m *streamMsg) Data() []byte                     { return m.raw.Data }
-func (m *streamMsg) Headers() nats.Header             { return m.raw.Header }
-func (m *streamMsg) Subject() string                  { return m.raw.Subject }
-func (m *streamMsg) Reply() string                    { return "" }
-func (m *streamMsg) Ack() error                       { return nil }
-func (m *streamMsg) DoubleAck(context.Context) error  { return nil }
-func (m *streamMsg) Nak() error                       { return nil }
-func (m *streamMsg) NakWithDelay(time.Duration) error { return nil }
-func (m *streamMsg) InProgress() error                { return nil }
-func (m *streamMsg) Term() error                      { return nil }
-func (m *streamMsg) TermWithReason(string) error      { return nil }
+
+// replayed is an input read from the stream again rather than delivered by
+// the partition's consumer: its acks do nothing (the delivered copy is acked
+// when it comes back, as a duplicate).
+type replayed struct{ jetstream.Msg }
+
+func (replayed) Ack() error                       { return nil }
+func (replayed) DoubleAck(context.Context) error  { return nil }
+func (replayed) Nak() error                       { return nil }
+func (replayed) NakWithDelay(time.Duration) error { return nil }
+func (replayed) InProgress() error                { return nil }
+func (replayed) Term() error                      { return nil }
+func (replayed) TermWithReason(string) error      { return nil }
 
 // probe asks the server about CTX_IN and CTX_STATE every ProbeInterval. An
 // idle partition sends nothing but heartbeats, and a stream without a

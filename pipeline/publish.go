@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -63,11 +64,23 @@ func (p JetStreamPublisher) stream() string {
 // duplicate).
 func (p JetStreamPublisher) Publish(ctx context.Context, subject string, data []byte, msgID string) (uint64, error) {
 	ack, err := p.JS.Publish(ctx, subject, data, jetstream.WithMsgID(msgID), jetstream.WithExpectStream(p.stream()))
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeMsgIDInProcess {
+		// Another instance's relay is publishing this very event (both
+		// hold it: the writer, and a follower that applied its record).
+		// The stream stores one copy; this one is done, its sequence
+		// unknown.
+		return 0, nil
+	}
 	if err != nil {
 		return 0, err
 	}
 	return ack.Sequence, nil
 }
+
+// errCodeMsgIDInProcess is JetStream's "duplicate message id is in process"
+// (409): a publish with the same Nats-Msg-Id is being stored right now.
+const errCodeMsgIDInProcess jetstream.ErrorCode = 10158
 
 // PublishedAfter returns the Nats-Msg-Id and sequence of the event stream's
 // messages after seq, up to the last sequence the stream had when it began.

@@ -54,10 +54,8 @@ type Runner struct {
 	clog       *changelog.Log
 	log        *logState
 	follower   *follower
-	// failing counts the partitions whose consumer is being rebuilt, and
-	// owned those this instance holds the pin of.
+	// failing counts the partitions whose consumer is being rebuilt.
 	failing atomic.Int64
-	owned   atomic.Int64
 	parts   []partState // per partition
 
 	heldMu    sync.Mutex
@@ -125,8 +123,8 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	r.Metrics.Help("ctxpipe_changelog_changes_total", "Inputs' changes applied from those records (not counted in ctxpipe_inputs_total).")
 	r.Metrics.Help("ctxpipe_changelog_unreadable_total", "Changelog messages or records skipped because they could not be read or applied.")
 	r.Metrics.Help("ctxpipe_partition_terms_total", "Partitions this instance took (a new pin: catch up, replay the unacked inputs).")
-	r.Metrics.Gauge("ctxpipe_partitions_owned", "Partitions this instance holds the pin of (has received inputs for under its current pin).", func(context.Context) (float64, error) {
-		return float64(r.owned.Load()), nil
+	r.Metrics.Gauge("ctxpipe_partitions_owned", "Partitions this instance received inputs for, under its pin, in the last 30 s.", func(context.Context) (float64, error) {
+		return float64(r.Owned()), nil
 	})
 	r.Metrics.Gauge("ctxpipe_changelog_cursor", "CTX_STATE sequence up to which this instance has applied the changelog.", func(context.Context) (float64, error) {
 		return float64(r.Cursor()), nil
