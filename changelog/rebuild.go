@@ -117,7 +117,9 @@ func Rebuild(ctx context.Context, js jetstream.JetStream, st *store.Store, opts 
 		groups = append(groups, store.Group{At: it.Record.At, Entries: it.Record.Entries, Published: true})
 		positions[it.Partition] = it.Seq
 		n += len(it.Record.Entries)
-		if n >= opts.BatchEntries {
+		// Apply what has arrived rather than wait with work in hand: the
+		// follower decodes the next records meanwhile.
+		if n >= opts.BatchEntries || len(items) == 0 {
 			if err := flush(); err != nil {
 				return stats, err
 			}
@@ -125,6 +127,9 @@ func Rebuild(ctx context.Context, js jetstream.JetStream, st *store.Store, opts 
 	}
 	if err := flush(); err != nil {
 		return stats, err
+	}
+	if err := st.EndBulkLoad(ctx); err != nil {
+		return stats, fmt.Errorf("rebuild: %w", err)
 	}
 	stats.Took = time.Since(t0)
 	return stats, nil

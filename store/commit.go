@@ -71,6 +71,51 @@ func (in InputRecord) StoredForm() InputRecord {
 type Entry struct {
 	Input   InputRecord
 	Changes *schema.Changes
+	// Encoded, when set, is what Commit writes of Changes as JSON, made by
+	// EncodeChanges when the entry was first committed: a changelog record
+	// carries it, so that a replay writes the very bytes the live commit
+	// wrote and encodes nothing again. Changes then needs only what is
+	// stored beside those bytes: each inserted message's column fields (id,
+	// ts, role, the summary, marker and parent fields, tokens, not its
+	// content), State.ConversationID, the tags, the deletes and the events.
+	// The messages are not put in the message cache: a read decodes them
+	// from their bodies when it needs them.
+	Encoded *EncodedChanges
+}
+
+// EncodedChanges is the JSON Commit stores for an entry's Changes: the body
+// of each inserted message (in Changes.Insert's order, without its parent
+// tags, which live in their own columns), the state (nil when the entry
+// leaves it alone, as when Changes.State.ConversationID is empty), and each
+// event (in Changes.Events' order).
+type EncodedChanges struct {
+	Bodies [][]byte
+	State  []byte
+	Events [][]byte
+}
+
+// EncodeChanges returns the JSON Commit stores for e.Changes (nil when it
+// has none), checking e as Commit does. It is what a changelog record
+// carries: replaying the entry with it writes the same bytes.
+func EncodeChanges(e Entry) (*EncodedChanges, error) {
+	x, err := encodeEntry(e)
+	if err != nil || e.Changes == nil {
+		return nil, err
+	}
+	enc := &EncodedChanges{State: x.state}
+	if len(x.msgs) > 0 {
+		enc.Bodies = make([][]byte, len(x.msgs))
+		for i, em := range x.msgs {
+			enc.Bodies[i] = em.body
+		}
+	}
+	if len(x.events) > 0 {
+		enc.Events = make([][]byte, len(x.events))
+		for i, ev := range x.events {
+			enc.Events[i] = ev.body
+		}
+	}
+	return enc, nil
 }
 
 // Result is the outcome of one Entry of a committed batch.
@@ -110,10 +155,13 @@ type encoded struct {
 	payload []byte   // what the row keeps of it
 	ch      *schema.Changes
 	conv    string
-	msgs    []encodedMessage
-	events  []encodedEvent
-	state   []byte // nil: leave the conversation's state alone
-	deletes []string
+	// replayed: the bodies came encoded (Entry.Encoded); the messages hold
+	// only their column fields and are not cached.
+	replayed bool
+	msgs     []encodedMessage
+	events   []encodedEvent
+	state    []byte // nil: leave the conversation's state alone
+	deletes  []string
 }
 
 type encodedMessage struct {
@@ -272,7 +320,7 @@ func (t *Tx) Commit(positions map[int]uint64, cursor uint64) error {
 	// once: keep them decoded rather than decode the bodies just encoded.
 	for g := range t.enc {
 		for i := range t.enc[g] {
-			if !t.results[g][i].Duplicate {
+			if !t.results[g][i].Duplicate && !t.enc[g][i].replayed {
 				for _, em := range t.enc[g][i].msgs {
 					t.s.cache.put(em.m.ID, em.m, len(em.body))
 				}
@@ -342,7 +390,18 @@ func encodeEntry(e Entry) (encoded, error) {
 	if x.conv == "" && (len(ch.Insert) > 0 || len(ch.Tags) > 0 || len(ch.Delete) > 0 || ch.State.ConversationID != "") {
 		return x, errors.New("changes to messages or state need the input's conversation id")
 	}
-	for _, ins := range ch.Insert {
+	enc := e.Encoded
+	if enc != nil {
+		if len(enc.Bodies) != len(ch.Insert) || len(enc.Events) != len(ch.Events) || (enc.State != nil) != (ch.State.ConversationID != "") {
+			return x, fmt.Errorf("encoded changes (%d bodies, %d events, state %v) do not match the changes (%d messages, %d events, state %v)",
+				len(enc.Bodies), len(enc.Events), enc.State != nil, len(ch.Insert), len(ch.Events), ch.State.ConversationID != "")
+		}
+		x.replayed = true
+	}
+	if len(ch.Insert) > 0 {
+		x.msgs = make([]encodedMessage, 0, len(ch.Insert))
+	}
+	for i, ins := range ch.Insert {
 		m := ins.Message
 		if m.ID == "" {
 			return x, errors.New("inserted message has no id")
@@ -352,13 +411,18 @@ func encodeEntry(e Entry) (encoded, error) {
 		} else if m.ConversationID != x.conv {
 			return x, fmt.Errorf("message %s names conversation %q, input is for %q", m.ID, m.ConversationID, x.conv)
 		}
-		// The parent tags change after insertion and live only in their
-		// columns; reads put them back.
-		b := m
-		b.CondenseParent, b.TruncationParent = "", ""
-		body, err := schema.Marshal(&b)
-		if err != nil {
-			return x, fmt.Errorf("encode message %s: %w", m.ID, err)
+		var body []byte
+		if enc != nil {
+			body = enc.Bodies[i]
+		} else {
+			// The parent tags change after insertion and live only in
+			// their columns; reads put them back.
+			b := m
+			b.CondenseParent, b.TruncationParent = "", ""
+			var err error
+			if body, err = schema.Marshal(&b); err != nil {
+				return x, fmt.Errorf("encode message %s: %w", m.ID, err)
+			}
 		}
 		x.msgs = append(x.msgs, encodedMessage{m: m, before: ins.Before, body: body})
 	}
@@ -372,13 +436,17 @@ func encodeEntry(e Entry) (encoded, error) {
 		if ch.State.ConversationID != x.conv {
 			return x, fmt.Errorf("state names conversation %q, input is for %q", ch.State.ConversationID, x.conv)
 		}
-		st, err := schema.Marshal(&ch.State)
-		if err != nil {
-			return x, fmt.Errorf("encode state: %w", err)
+		if enc != nil {
+			x.state = enc.State
+		} else {
+			st, err := schema.Marshal(&ch.State)
+			if err != nil {
+				return x, fmt.Errorf("encode state: %w", err)
+			}
+			x.state = st
 		}
-		x.state = st
 	}
-	for _, ev := range ch.Events {
+	for i, ev := range ch.Events {
 		if ev == nil {
 			return x, errors.New("nil event")
 		}
@@ -391,9 +459,14 @@ func encodeEntry(e Entry) (encoded, error) {
 		if !schema.ValidConversationKey(h.ConversationID) {
 			return x, fmt.Errorf("event %s: conversation id %q is not a valid subject token", h.ID, h.ConversationID)
 		}
-		body, err := schema.Marshal(ev)
-		if err != nil {
-			return x, fmt.Errorf("encode event %s: %w", h.ID, err)
+		var body []byte
+		if enc != nil {
+			body = enc.Events[i]
+		} else {
+			var err error
+			if body, err = schema.Marshal(ev); err != nil {
+				return x, fmt.Errorf("encode event %s: %w", h.ID, err)
+			}
 		}
 		x.events = append(x.events, encodedEvent{h: h, ref: eventRef(ev), subject: schema.EventSubject(ev), body: body})
 	}

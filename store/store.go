@@ -41,6 +41,8 @@ type Store struct {
 	now    func() time.Time
 	closed atomic.Bool
 	cache  *messageCache
+	// bulk is set while a bulk load (WithBulkLoad) has not ended.
+	bulk atomic.Bool
 }
 
 type config struct {
@@ -48,6 +50,7 @@ type config struct {
 	readers     int
 	now         func() time.Time
 	cacheBytes  int
+	bulk        bool
 }
 
 // Option changes how Open sets up a Store.
@@ -71,6 +74,18 @@ func WithReaders(n int) Option {
 // DefaultMessageCacheBytes); 0 turns it off.
 func WithMessageCache(bytes int) Option { return func(c *config) { c.cacheBytes = bytes } }
 
+// WithBulkLoad opens a new database for a bulk load: a rebuild from the
+// changelog, which writes a whole database at once. Until EndBulkLoad (or
+// Close) the file is written without any durability: synchronous=OFF, and
+// the rollback journal kept in memory instead of the WAL, so each page is
+// written once, straight into the file, with no fsync. A crash or a failure
+// leaves a file that may be corrupt, which is why Open refuses this option
+// for a file that exists already: the caller made the file for this load
+// and discards it when the load fails. EndBulkLoad fsyncs the file and puts
+// back the WAL and synchronous=FULL. While the load runs, readers wait for
+// the writer's transactions instead of reading beside them.
+func WithBulkLoad() Option { return func(c *config) { c.bulk = true } }
+
 // WithClock sets the clock used for received_at, updated_at and published_at
 // (default time.Now).
 func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
@@ -91,6 +106,11 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	}
 	if err := os.MkdirAll(filepath.Dir(abs), 0o755); err != nil {
 		return nil, fmt.Errorf("open store: create directory: %w", err)
+	}
+	if cfg.bulk {
+		if _, err := os.Lstat(abs); !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("open store %s for a bulk load: the file exists (a bulk load needs a new file)", abs)
+		}
 	}
 	busy := strconv.FormatInt(cfg.busyTimeout.Milliseconds(), 10)
 	// _txlock=immediate: every write transaction takes the write lock at
@@ -114,6 +134,14 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
 		return nil, err
+	}
+	if cfg.bulk {
+		// Before the read pool opens: leaving WAL needs the only
+		// connection.
+		if err := s.beginBulk(ctx); err != nil {
+			w.Close()
+			return nil, err
+		}
 	}
 	// The reader opens after the writer has created the file and switched it
 	// to WAL: mode=ro cannot create either.
@@ -160,16 +188,83 @@ func (s *Store) checkWriter(ctx context.Context) error {
 	return nil
 }
 
+// beginBulk switches the writer to the bulk load's settings.
+func (s *Store) beginBulk(ctx context.Context) error {
+	var mode string
+	if err := s.w.QueryRowContext(ctx, "PRAGMA journal_mode=MEMORY").Scan(&mode); err != nil {
+		return fmt.Errorf("open store %s: bulk load: %w", s.path, err)
+	}
+	if !strings.EqualFold(mode, "memory") {
+		return fmt.Errorf("open store %s: bulk load: journal_mode is %q, want memory", s.path, mode)
+	}
+	if _, err := s.w.ExecContext(ctx, "PRAGMA synchronous=OFF"); err != nil {
+		return fmt.Errorf("open store %s: bulk load: %w", s.path, err)
+	}
+	s.bulk.Store(true)
+	return nil
+}
+
+// EndBulkLoad ends a bulk load (WithBulkLoad): it puts the WAL and
+// synchronous=FULL back, checks them as Open does, and fsyncs the file and
+// its directory, so that everything loaded is durable when it returns. On a
+// store not opened for a bulk load, or whose load has ended, it does
+// nothing.
+func (s *Store) EndBulkLoad(ctx context.Context) error {
+	if !s.bulk.Load() {
+		return nil
+	}
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	// synchronous first, so that leaving the memory journal is synced too.
+	if _, err := s.w.ExecContext(ctx, "PRAGMA synchronous=FULL"); err != nil {
+		return fmt.Errorf("end bulk load of %s: %w", s.path, err)
+	}
+	if _, err := s.w.ExecContext(ctx, "PRAGMA journal_mode=WAL"); err != nil {
+		return fmt.Errorf("end bulk load of %s: %w", s.path, err)
+	}
+	if err := s.checkWriter(ctx); err != nil {
+		return fmt.Errorf("end bulk load: %w", err)
+	}
+	for _, p := range []string{s.path, filepath.Dir(s.path)} {
+		if err := syncPath(p); err != nil {
+			return fmt.Errorf("end bulk load of %s: %w", s.path, err)
+		}
+	}
+	s.bulk.Store(false)
+	return nil
+}
+
+// syncPath fsyncs a file or a directory.
+func syncPath(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
 // Path is the absolute path of the database file.
 func (s *Store) Path() string { return s.path }
 
 // Close closes both pools. Committed data is durable before Commit returns;
-// Close only releases the files.
+// Close only releases the files, but for a bulk load not ended yet, which
+// it ends first (EndBulkLoad).
 func (s *Store) Close() error {
-	if !s.closed.CompareAndSwap(false, true) {
+	if s.closed.Load() {
 		return nil
 	}
 	var errs []error
+	if s.bulk.Load() {
+		errs = append(errs, s.EndBulkLoad(context.Background()))
+	}
+	if !s.closed.CompareAndSwap(false, true) {
+		return nil
+	}
 	if s.r != nil {
 		errs = append(errs, s.r.Close())
 	}
