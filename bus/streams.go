@@ -132,8 +132,9 @@ func InStreamConfig(opts ...Option) jetstream.StreamConfig {
 func StateStreamConfig(opts ...Option) jetstream.StreamConfig {
 	c := streamConfig(StreamState, "ctxpipe changelog: every committed change, per partition", StateSubjects, opts)
 	c.MaxAge, c.MaxBytes, c.Duplicates = 0, -1, DuplicateWindow
-	// Followers read it far more than owners write it.
-	c.AllowDirect = true
+	// No direct gets: a follower fetches a record it was just told of, and
+	// a direct get may be answered by a replica that does not have it yet.
+	c.AllowDirect = false
 	return c
 }
 
@@ -291,6 +292,11 @@ func reconcileStream(ctx context.Context, js jetstream.JetStream, want jetstream
 	d.keep("storage", next.Storage.String(), want.Storage.String(), true)
 	d.keep("retention", next.Retention.String(), want.Retention.String(), true)
 	d.keep("discard", next.Discard.String(), want.Discard.String(), true)
+	if want.Name == StreamState && next.AllowDirect {
+		// Owned for the changelog: see StateStreamConfig.
+		d.set("allow_direct", "true", "false")
+		next.AllowDirect = false
+	}
 	d.keep("allow_direct", strconv.FormatBool(next.AllowDirect), strconv.FormatBool(want.AllowDirect), false)
 	if !d.changed {
 		return d.findings, nil

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -139,6 +140,10 @@ func (a *Assembler) Drop(p int) { delete(a.pieces, p) }
 // Pending tells whether partition p has pieces of an unfinished record.
 func (a *Assembler) Pending(p int) bool { return len(a.pieces[p]) > 0 }
 
+// inactive is how long the server keeps a follower's ordered consumer
+// after its last pull (a restarted follower leaves the old one behind).
+const inactive = 5 * time.Second
+
 // Item is one message of CTX_STATE as a follower sees it.
 type Item struct {
 	Seq       uint64 // stream sequence
@@ -160,7 +165,7 @@ type Item struct {
 // holds already (its own appends): those are passed on without being
 // decoded, with neither Record nor Piece set.
 func Follow(ctx context.Context, js jetstream.JetStream, from uint64, have func(p int, seq uint64) bool, out chan<- Item) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.StateSubjects}}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.StateSubjects}, InactiveThreshold: inactive}
 	if from > 1 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}
@@ -226,7 +231,7 @@ func Follow(ctx context.Context, js jetstream.JetStream, from uint64, have func(
 // message is fetched (a direct get) only when have says the instance lacks
 // it. A single instance thus never reads its own records back.
 func FollowLive(ctx context.Context, js jetstream.JetStream, from uint64, have func(p int, seq uint64) bool, out chan<- Item) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.StateSubjects}, HeadersOnly: true}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.StateSubjects}, HeadersOnly: true, InactiveThreshold: inactive}
 	if from > 1 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}

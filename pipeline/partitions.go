@@ -311,9 +311,16 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 	if err != nil {
 		return fmt.Errorf("changelog info: %w", err)
 	}
-	if err := r.log.waitCursor(ctx, st.CachedInfo().State.LastSeq); err != nil {
-		return fmt.Errorf("catch up with the changelog: %w", err)
+	// Catching up first saves preparing inputs on a stale view (the fence
+	// would refuse them and they would be prepared again); it is not needed
+	// for correctness, so a follower that cannot keep up does not hold the
+	// partition back for long.
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	if err := r.log.waitCursor(wctx, st.CachedInfo().State.LastSeq); err != nil && ctx.Err() == nil {
+		r.Log.Warn("taking the partition before catching up with the changelog", "partition", p,
+			"changelog_last", st.CachedInfo().State.LastSeq, "cursor", r.Cursor())
 	}
+	wcancel()
 	gap := 0
 	if md, err := first.Metadata(); err == nil {
 		if md.NumDelivered == 1 {
@@ -361,6 +368,9 @@ func (r *Runner) replay(ctx context.Context, p int, from, to uint64) (int, error
 		FilterSubjects: []string{bus.PartitionFilter(p, r.partitions)},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    from,
+		// Gone from the server soon after the last read (the default
+		// keeps it 5 minutes).
+		InactiveThreshold: 5 * time.Second,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("read unacked inputs: %w", err)
