@@ -300,17 +300,25 @@ func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
 // same conversations. Applied ones are dropped as duplicates.
 func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, first jetstream.Msg) error {
 	t0 := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	info, err := cons.Info(ctx)
+	// Every request is bounded: one lost while the cluster elects a leader
+	// would otherwise hold the partition until the whole bound. A failure
+	// ends the term start; the partition's loop pulls again and the next
+	// input starts it anew.
+	ictx, icancel := context.WithTimeout(ctx, 5*time.Second)
+	info, err := cons.Info(ictx)
+	icancel()
 	if err != nil {
 		return fmt.Errorf("consumer info: %w", err)
 	}
 	floor, delivered := info.AckFloor.Stream, info.Delivered.Stream
-	st, err := r.JS.Stream(ctx, bus.StreamState)
+	ictx, icancel = context.WithTimeout(ctx, 5*time.Second)
+	st, err := r.JS.Stream(ictx, bus.StreamState)
+	icancel()
 	if err != nil {
 		return fmt.Errorf("changelog info: %w", err)
 	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	// Catching up first saves preparing inputs on a stale view (the fence
 	// would refuse them and they would be prepared again); it is not needed
 	// for correctness, so a follower that cannot keep up does not hold the
