@@ -67,13 +67,12 @@ func TestRebuildIsByteIdentical(t *testing.T) {
 	rw := h.control("plain-run", schema.KindRewind, schema.Input{TS: msgs[len(msgs)/2].TS})
 	waitFor(t, applied(rw))
 
-	pos, _, err := h.store.LogPositions(ctx)
 	// The rejection of the bad input has no id of its own to wait for.
 	waitFor(t, func() bool {
 		evs, err := h.store.Events(ctx, "acme.bad")
 		return err == nil && len(evs) == 1
 	})
-	pos, _, err = h.store.LogPositions(ctx)
+	pos, _, err := h.store.LogPositions(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

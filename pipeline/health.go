@@ -22,12 +22,6 @@ func (h *health) up() {
 	h.consuming, h.lastErr, h.lastWord = true, nil, time.Now()
 }
 
-func (h *health) down(err error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.consuming, h.lastErr = false, err
-}
-
 func (h *health) stopped() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
