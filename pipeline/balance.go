@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/ctxpipe/ctxpipe/bus"
 )
 
@@ -59,10 +61,11 @@ type partState struct {
 	wake chan struct{}
 
 	mu        sync.Mutex
-	owning    bool      // this instance holds the pin (received under it)
-	lastInput time.Time // when the last input came under the pin
-	stop      func()    // stops the partition's iterator; nil when none
-	yielding  bool      // stop was called to hand the partition over
+	cons      jetstream.Consumer // made at start, taken by the first pull
+	owning    bool               // this instance holds the pin (received under it)
+	lastInput time.Time          // when the last input came under the pin
+	stop      func()             // stops the partition's iterator; nil when none
+	yielding  bool               // stop was called to hand the partition over
 }
 
 func newPartStates(n int, want bool) []partState {

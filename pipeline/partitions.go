@@ -47,11 +47,11 @@ func (r *Runner) setup(ctx context.Context) error {
 		return err
 	}
 	r.partitions = n
+	r.parts = newPartStates(n+1, true)
 	if err := r.ensureConsumers(ctx); err != nil {
 		return err
 	}
 	r.log = newLogState(n, pos, cursor)
-	r.parts = newPartStates(n+1, true)
 	if r.Members != nil && r.cfg.Name != "" {
 		// Pull only this instance's share from the start, rather than
 		// everything until the first rebalance.
@@ -79,7 +79,10 @@ func (r *Runner) ensureConsumers(ctx context.Context) error {
 			defer wg.Done()
 			defer func() { <-sem }()
 			errs <- bus.RetryStart(ctx, r.Log, fmt.Sprintf("create the consumer of partition %d", p), func(ctx context.Context) error {
-				_, err := r.JS.CreateOrUpdateConsumer(ctx, bus.StreamIn, r.ConsumerConfig(p))
+				cons, err := r.JS.CreateOrUpdateConsumer(ctx, bus.StreamIn, r.ConsumerConfig(p))
+				if err == nil {
+					r.parts[p].set(func(s *partState) { s.cons = cons })
+				}
 				return err
 			})
 		}()
@@ -224,11 +227,18 @@ func (r *Runner) partitionLoop(ctx context.Context, p int) error {
 // consumePartition creates (or finds) partition p's consumer and pulls from
 // it until ctx is done (nil) or the iterator fails (the error).
 func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	cons, err := r.JS.CreateOrUpdateConsumer(cctx, bus.StreamIn, r.ConsumerConfig(p))
-	cancel()
-	if err != nil {
-		return fmt.Errorf("consumer of partition %d: %w", p, err)
+	// The handle ensureConsumers made serves the first pull; after any
+	// failure the consumer is created again (it may be gone).
+	var cons jetstream.Consumer
+	r.parts[p].set(func(s *partState) { cons, s.cons = s.cons, nil })
+	if cons == nil {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		var err error
+		cons, err = r.JS.CreateOrUpdateConsumer(cctx, bus.StreamIn, r.ConsumerConfig(p))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("consumer of partition %d: %w", p, err)
+		}
 	}
 	it, err := cons.Messages(
 		jetstream.PullMaxMessages(max(r.cfg.LaneBuffer/2, 16)),
