@@ -276,6 +276,7 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 		return
 	}
 	results := tx.Results()
+	tApply := time.Since(t0)
 	// Append each partition's record; partitions in parallel.
 	seqs := make([]uint64, len(batches))
 	errs := make([]error, len(batches))
@@ -302,6 +303,7 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 		}(i, b.partition, r.log.fence(b.partition))
 	}
 	wg.Wait()
+	tAppend := time.Since(t0) - tApply
 	var kept []*partitionBatch
 	var keptSeqs []uint64
 	for i, b := range batches {
@@ -369,6 +371,9 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 	}
 	r.Metrics.Inc("ctxpipe_commits_total", "")
 	r.Metrics.Observe("ctxpipe_commit_seconds", "", time.Since(t0))
+	r.Metrics.Observe("ctxpipe_commit_phase_seconds", `phase="apply"`, tApply)
+	r.Metrics.Observe("ctxpipe_commit_phase_seconds", `phase="append"`, tAppend)
+	r.Metrics.Observe("ctxpipe_commit_phase_seconds", `phase="sync"`, time.Since(t0)-tApply-tAppend)
 	for i, b := range kept {
 		r.committed(b.entries, results[i], true)
 		for _, q := range b.reqs {
