@@ -727,6 +727,13 @@ func (c *committer) applyChanges(ctx context.Context, x *encoded) error {
 			return fmt.Errorf("delete message %s: %w", id, err)
 		}
 	}
+	if len(x.deletes) > 0 {
+		// The next append goes after the last message left, as it would
+		// in a transaction of its own: a position must not depend on how
+		// entries were grouped into transactions, or a database rebuilt
+		// from the changelog (other transactions) would differ.
+		delete(c.lastPos, x.conv)
+	}
 	for _, em := range x.msgs {
 		if err := c.insertMessage(ctx, x.conv, em, seq); err != nil {
 			return err
@@ -802,8 +809,8 @@ func (c *committer) position(ctx context.Context, conv, before string) (float64,
 				return 0, fmt.Errorf("last position: %w", err)
 			}
 		}
-		// Deletes never invalidate this: a new last message only has to
-		// sort after every remaining one.
+		// Deletes drop it (see applyChanges); before-insertions stay
+		// below it.
 		c.lastPos[conv] = last + 1
 		return last + 1, nil
 	}
