@@ -62,11 +62,13 @@ type wireEntry struct {
 // with the whole one's hash and size). A rejected input's strings come
 // from the wire as they were, so they are texts.
 type wireInput struct {
-	ID             text  `json:"id"`
-	ConversationID text  `json:"conversation_id,omitempty"`
-	Kind           text  `json:"kind"`
-	Subject        text  `json:"subject"`
-	TS             int64 `json:"ts"`
+	ID             text `json:"id"`
+	ConversationID text `json:"conversation_id,omitempty"`
+	Kind           text `json:"kind"`
+	// Subject is left out when it is the conversation's input subject of
+	// the kind (schema.InputSubject), as it is but for rejected inputs.
+	Subject *text `json:"subject,omitempty"`
+	TS      int64 `json:"ts"`
 	// Payload is the stored payload's length in the data; -1 for none
 	// (the row's payload is NULL).
 	Payload int          `json:"payload"`
@@ -111,22 +113,23 @@ type wireChanges struct {
 	Delete []string           `json:"delete,omitempty"`
 	// State is the stored state's length in the data; 0 when the entry
 	// leaves the state alone (a state is never empty JSON).
-	State int `json:"state,omitempty"`
+	State int `json:"state,omitzero"`
 	// Events are the lengths of the events' JSON in the data.
 	Events []int `json:"events,omitempty"`
 }
 
 // wireInsertion is an inserted message's columns; its body (its JSON
-// without the parent tags) is in the data.
+// without the parent tags) is in the data. The id and the ts are left out
+// when they are the input's, as they are for a turn.
 type wireInsertion struct {
-	ID                 string      `json:"id"`
+	ID                 string      `json:"id,omitempty"`
 	Before             string      `json:"before,omitempty"`
-	TS                 int64       `json:"ts"`
+	TS                 *int64      `json:"ts,omitempty"`
 	Role               schema.Role `json:"role"`
-	IsSummary          bool        `json:"is_summary,omitempty"`
+	IsSummary          bool        `json:"is_summary,omitzero"`
 	CondenseID         string      `json:"condense_id,omitempty"`
 	CondenseParent     string      `json:"condense_parent,omitempty"`
-	IsTruncationMarker bool        `json:"is_truncation_marker,omitempty"`
+	IsTruncationMarker bool        `json:"is_truncation_marker,omitzero"`
 	TruncationID       string      `json:"truncation_id,omitempty"`
 	TruncationParent   string      `json:"truncation_parent,omitempty"`
 	Tokens             int         `json:"tokens"`
@@ -149,9 +152,13 @@ func Encode(r Record) ([]byte, error) {
 	for i, e := range r.Entries {
 		in := e.Input.StoredForm()
 		we := wireEntry{Input: wireInput{
-			ID: text(in.ID), ConversationID: text(in.ConversationID), Kind: text(in.Kind), Subject: text(in.Subject), TS: in.TS,
+			ID: text(in.ID), ConversationID: text(in.ConversationID), Kind: text(in.Kind), TS: in.TS,
 			Payload: -1, Hash: in.Stored.Hash[:], Size: in.Stored.Size, Status: in.Status, Reason: text(in.Reason),
 		}}
+		if in.ConversationID == "" || in.Subject != schema.InputSubject(in.ConversationID, schema.InputKind(in.Kind)) {
+			subject := text(in.Subject)
+			we.Input.Subject = &subject
+		}
 		if in.Payload != nil {
 			we.Input.Payload = add(in.Payload)
 		}
@@ -172,10 +179,17 @@ func Encode(r Record) ([]byte, error) {
 			}
 			for k, ins := range ch.Insert {
 				m := &ins.Message
-				wc.Insert[k] = wireInsertion{ID: m.ID, Before: ins.Before, TS: m.TS, Role: m.Role,
+				wi := wireInsertion{Before: ins.Before, Role: m.Role,
 					IsSummary: m.IsSummary, CondenseID: m.CondenseID, CondenseParent: m.CondenseParent,
 					IsTruncationMarker: m.IsTruncationMarker, TruncationID: m.TruncationID, TruncationParent: m.TruncationParent,
 					Tokens: m.Tokens, Body: add(enc.Bodies[k])}
+				if m.ID != in.ID {
+					wi.ID = m.ID
+				}
+				if m.TS != in.TS {
+					wi.TS = &m.TS
+				}
+				wc.Insert[k] = wi
 			}
 			if enc.State != nil {
 				wc.State = add(enc.State)
@@ -237,8 +251,15 @@ func Decode(data []byte) (Record, error) {
 		copy(sp.Hash[:], we.Input.Hash)
 		e := store.Entry{Input: store.InputRecord{
 			ID: string(we.Input.ID), ConversationID: string(we.Input.ConversationID), Kind: string(we.Input.Kind),
-			Subject: string(we.Input.Subject), TS: we.Input.TS, Status: we.Input.Status, Reason: string(we.Input.Reason), Stored: sp,
+			TS: we.Input.TS, Status: we.Input.Status, Reason: string(we.Input.Reason), Stored: sp,
 		}}
+		if we.Input.Subject != nil {
+			e.Input.Subject = string(*we.Input.Subject)
+		} else if e.Input.ConversationID != "" {
+			e.Input.Subject = schema.InputSubject(e.Input.ConversationID, schema.InputKind(e.Input.Kind))
+		} else {
+			return Record{}, errors.New("changelog record: an input with neither a subject nor a conversation")
+		}
 		if we.Input.Payload >= 0 {
 			p, err := take(we.Input.Payload)
 			if err != nil {
@@ -262,7 +283,13 @@ func Decode(data []byte) (Record, error) {
 				enc.Bodies[k] = body
 				m := &ch.Insert[k].Message
 				ch.Insert[k].Before = wi.Before
-				m.ID, m.ConversationID, m.TS, m.Role, m.Tokens = wi.ID, e.Input.ConversationID, wi.TS, wi.Role, wi.Tokens
+				m.ID, m.ConversationID, m.TS, m.Role, m.Tokens = wi.ID, e.Input.ConversationID, e.Input.TS, wi.Role, wi.Tokens
+				if m.ID == "" {
+					m.ID = e.Input.ID
+				}
+				if wi.TS != nil {
+					m.TS = *wi.TS
+				}
 				m.IsSummary, m.CondenseID, m.CondenseParent = wi.IsSummary, wi.CondenseID, wi.CondenseParent
 				m.IsTruncationMarker, m.TruncationID, m.TruncationParent = wi.IsTruncationMarker, wi.TruncationID, wi.TruncationParent
 			}
