@@ -42,9 +42,9 @@ type Log struct {
 // message(s) of p's subject, on condition that the subject's last sequence
 // is after (0: p has no message yet). It returns the sequence of the last
 // message written. Each message's Nats-Msg-Id is its content's hash with
-// the position it claims, so a retry after a lost ack is recognised as the
-// same write, and a different write at the same position is refused by the
-// fence (ErrFenced).
+// the position it claims: a retry after a lost ack finds its own message
+// after the fence and goes on from there, while a different write at the
+// same position is refused (ErrFenced).
 func (l *Log) Append(ctx context.Context, p int, after uint64, data []byte) (uint64, error) {
 	maxPiece := l.MaxPiece
 	if maxPiece <= 0 {
@@ -68,14 +68,36 @@ func (l *Log) Append(ctx context.Context, p int, after uint64, data []byte) (uin
 			jetstream.WithExpectLastSequencePerSubject(after))
 		if err != nil {
 			var apiErr *jetstream.APIError
-			if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
+				return 0, fmt.Errorf("append to %s: %w", subject, err)
+			}
+			// The server checks the fence before the duplicate window: a
+			// retry of a write whose ack was lost is refused too. The
+			// message right after the fence tells which it is.
+			seq, mine := l.landed(ctx, subject, after, id)
+			if !mine {
 				return 0, fmt.Errorf("append to %s after %d: %w", subject, after, ErrFenced)
 			}
-			return 0, fmt.Errorf("append to %s: %w", subject, err)
+			after = seq
+			continue
 		}
 		after = ack.Sequence
 	}
 	return after, nil
+}
+
+// landed tells whether the message of subject right after sequence after
+// is this writer's piece with Nats-Msg-Id id, and its sequence.
+func (l *Log) landed(ctx context.Context, subject string, after uint64, id string) (uint64, bool) {
+	s, err := l.JS.Stream(ctx, bus.StreamState)
+	if err != nil {
+		return 0, false
+	}
+	m, err := s.GetMsg(ctx, after+1, jetstream.WithGetMsgSubject(subject))
+	if err != nil || m.Header.Get(jetstream.MsgIDHeader) != id {
+		return 0, false
+	}
+	return m.Sequence, true
 }
 
 // Assembler puts records back together from the messages of CTX_STATE, read

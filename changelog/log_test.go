@@ -303,9 +303,6 @@ func TestAppendRetryAfterLostAck(t *testing.T) {
 		t.Fatal(err)
 	}
 	again, err := l.Append(ctx, 1, 0, data)
-	if errors.Is(err, changelog.ErrFenced) {
-		t.Skip("known: a retried write is refused by the fence before the server's duplicate check (see the comment)")
-	}
 	if err != nil || again != seq {
 		t.Fatalf("the same write again: %d, %v; want %d", again, err, seq)
 	}

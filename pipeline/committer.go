@@ -257,11 +257,15 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 		b.entries = append(b.entries, q.entries...)
 	}
 	t0 := time.Now()
+	// SQLite statements run under a context that cannot be cancelled:
+	// go-sqlite3 watches a cancellable one from a goroutine per statement,
+	// which costs more than the statement. The appends are bounded.
+	sqlCtx := context.Background()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	at := time.Now().UnixMilli()
 
-	tx, batches := r.begin(ctx, at, batches, func(b *partitionBatch, err error) {
+	tx, batches := r.begin(sqlCtx, at, batches, func(b *partitionBatch, err error) {
 		// One worker's entry may be at fault: with several batches, commit
 		// each alone so that the others are not held back by it.
 		if len(b.reqs) > 1 {
@@ -333,7 +337,7 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 		if len(kept) == 0 {
 			return
 		}
-		tx, kept = r.begin(ctx, at, kept, func(b *partitionBatch, err error) {
+		tx, kept = r.begin(sqlCtx, at, kept, func(b *partitionBatch, err error) {
 			// In the log already: the follower will bring it in.
 			r.Log.Error("a change in the changelog cannot be committed here; the follower will retry it", "partition", b.partition, "err", err)
 			for _, q := range b.reqs {
@@ -488,8 +492,7 @@ func (r *Runner) applyFollowed(items []changelog.Item) {
 		}
 	}
 	old := time.Now().Add(-bus.DuplicateWindow / 2).UnixMilli()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := context.Background() // not cancellable: see commitLocal
 	for {
 		groups := make([]store.Group, len(recs))
 		for i, x := range recs {

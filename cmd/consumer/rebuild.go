@@ -66,7 +66,9 @@ func (m *Main) RebuildDB(ctx context.Context, out io.Writer) error {
 			return err
 		}
 	}
-	st, err := store.Open(ctx, rebuilt)
+	// A fresh file, deleted above: a bulk load (no journal, no fsync per
+	// transaction) is honest here, and Close makes it durable.
+	st, err := store.Open(ctx, rebuilt, store.WithBulkLoad())
 	if err != nil {
 		return err
 	}
