@@ -341,16 +341,14 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 	wcancel()
 	gap := 0
 	if md, err := first.Metadata(); err == nil {
-		if md.NumDelivered == 1 {
-			// A first delivery: the consumer delivers new inputs in
-			// stream order, so everything delivered before (to anyone)
-			// lies below it. What this iterator holds from it on comes
-			// through the iterator; only the gap below needs reading.
-			delivered = md.Sequence.Stream - 1
-		} else {
-			// A redelivery: inputs the old owner held may lie above it.
-			delivered = max(delivered, md.Sequence.Stream)
-		}
+		// Everything the consumer delivered up to now, to anyone, and
+		// nobody acked. Not only what lies below the first input when that
+		// is a first delivery: after a consumer leader change the count
+		// of deliveries may not be the old leader's, and an input the dead
+		// owner held above it would come back after its ack wait, behind
+		// newer turns (seen once, as an orphan tool result). What this
+		// iterator holds comes again as duplicates.
+		delivered = max(delivered, md.Sequence.Stream)
 	}
 	if floor < delivered {
 		if gap, err = r.replay(ctx, p, floor+1, delivered); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -96,6 +97,13 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 			}
 			subs = append(subs, sub)
 		}
+	}
+	// Answer from the moment this returns: a client asking right after
+	// the start must not meet "no responders" because the server has not
+	// processed the subscriptions yet.
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		_ = drain()
+		return nil, fmt.Errorf("serve queries: %w", err)
 	}
 	return drain, nil
 }

@@ -156,6 +156,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer cancelWork()
 	if err := r.setup(ctx); err != nil {
 		r.health.stopped()
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
 		return err
 	}
 	r.sched = newScheduler()
