@@ -4,7 +4,7 @@ PKGS     := ./...
 BIN      := bin
 FUZZTIME ?= 60s
 
-.PHONY: run test build lint bench fuzz load clean quality
+.PHONY: run test test-scaleout build lint bench fuzz load clean quality
 
 ## run: start the service on embedded defaults (NATS JetStream in process, ./data/ctxpipe.db, offline condenser)
 run:
@@ -15,6 +15,11 @@ run:
 test:
 	$(GO) test -race -count=1 -timeout 14m $(PKGS)
 	$(GO) test -count=1 -run 'Allocate' ./tokens/o200k/
+
+## test-scaleout: issue 10's failover test (3 nodes, 3 instances, kills), three times; it is
+## out of `make test` while a divergence after a node loss is open (about 1 run in 3)
+test-scaleout:
+	CTXPIPE_SCALEOUT=1 $(GO) test -race -count=3 -timeout 14m -run TestScaleOutFailover -v ./cmd/consumer/
 
 ## build: the service and the client into ./bin
 build:
