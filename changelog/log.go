@@ -265,7 +265,11 @@ func FollowLive(ctx context.Context, js jetstream.JetStream, from uint64, have f
 	if err != nil {
 		return fmt.Errorf("follow %s: %w", bus.StreamState, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(4096))
+	// Short pulls with heartbeats: when the node serving the ordered
+	// consumer dies, the library notices in two missed heartbeats and makes
+	// a new one (with the defaults, 30 s pulls, a follower stalled that long
+	// after a node loss, and every owner waiting on it).
+	it, err := cons.Messages(jetstream.PullMaxMessages(4096), jetstream.PullExpiry(3*time.Second), jetstream.PullHeartbeat(time.Second))
 	if err != nil {
 		return fmt.Errorf("follow %s: %w", bus.StreamState, err)
 	}

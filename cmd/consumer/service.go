@@ -214,7 +214,11 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := pipeline.SeedProfiles(ctx, kv, seed); err != nil {
+	// A bucket just created on a fresh cluster may not answer yet: waited
+	// out like the steps before.
+	if err := bus.RetryStart(ctx, log, "seed the profiles", func(ctx context.Context) error {
+		return pipeline.SeedProfiles(ctx, kv, seed)
+	}); err != nil {
 		return err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
