@@ -17,7 +17,7 @@ test:
 	$(GO) test -count=1 -run 'Allocate' ./tokens/o200k/
 
 ## test-scaleout: issue 10's failover test (3 nodes, 3 instances, kills), three times; it is
-## out of `make test` while a divergence after a node loss is open (about 1 run in 3)
+## out of `make test` while a divergence seen once after a node loss is unexplained
 test-scaleout:
 	CTXPIPE_SCALEOUT=1 $(GO) test -race -count=3 -timeout 14m -run TestScaleOutFailover -v ./cmd/consumer/
 
