@@ -36,9 +36,21 @@ func TestClusterSurvivesLeaderLoss(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create R3 stream: %v", err)
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatalf("create consumer: %v", err)
+	// The same for the consumer: right after the stream's creation its
+	// placement may still be settling, and a request lost meanwhile would
+	// hold the test for the whole two minutes (seen once in CI).
+	var cons jetstream.Consumer
+	for {
+		rctx, rcancel := reqCtx()
+		cons, err = js.CreateOrUpdateConsumer(rctx, "S", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy})
+		rcancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("create consumer: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
