@@ -156,6 +156,28 @@ func (a *Assembler) Add(p int, h nats.Header, data []byte) (record []byte, compl
 	return append(out, data...), true, nil
 }
 
+// fill takes partition p's next message into item: a piece, the record it
+// completes (decoded, and checked to be p's), or why it cannot be read.
+func (a *Assembler) fill(item *Item, p int, h nats.Header, data []byte) {
+	data, complete, err := a.Add(p, h, data)
+	switch {
+	case err != nil:
+		item.Err = err
+	case !complete:
+		item.Piece = true
+	default:
+		rec, err := Decode(data)
+		if err == nil && rec.Partition != p {
+			err = fmt.Errorf("record of partition %d on the subject of %d", rec.Partition, p)
+		}
+		if err != nil {
+			item.Err = err
+		} else {
+			item.Record = &rec
+		}
+	}
+}
+
 // Drop forgets partition p's pieces (the reader skipped their record).
 func (a *Assembler) Drop(p int) { delete(a.pieces, p) }
 
@@ -222,23 +244,7 @@ func Follow(ctx context.Context, js jetstream.JetStream, from uint64, have func(
 		} else if item.Partition = p; have != nil && have(p, item.Seq) {
 			asm.Drop(p)
 		} else {
-			data, complete, err := asm.Add(p, msg.Headers(), msg.Data())
-			switch {
-			case err != nil:
-				item.Err = err
-			case !complete:
-				item.Piece = true
-			default:
-				rec, err := Decode(data)
-				if err == nil && rec.Partition != p {
-					err = fmt.Errorf("record of partition %d on the subject of %d", rec.Partition, p)
-				}
-				if err != nil {
-					item.Err = err
-				} else {
-					item.Record = &rec
-				}
-			}
+			asm.fill(&item, p, msg.Headers(), msg.Data())
 		}
 		select {
 		case out <- item:
@@ -306,23 +312,7 @@ func FollowLive(ctx context.Context, js jetstream.JetStream, from uint64, have f
 				}
 				return fmt.Errorf("follow %s: read %d: %w", bus.StreamState, item.Seq, err)
 			}
-			data, complete, err := asm.Add(p, raw.Header, raw.Data)
-			switch {
-			case err != nil:
-				item.Err = err
-			case !complete:
-				item.Piece = true
-			default:
-				rec, err := Decode(data)
-				if err == nil && rec.Partition != p {
-					err = fmt.Errorf("record of partition %d on the subject of %d", rec.Partition, p)
-				}
-				if err != nil {
-					item.Err = err
-				} else {
-					item.Record = &rec
-				}
-			}
+			asm.fill(&item, p, raw.Header, raw.Data)
 		}
 		select {
 		case out <- item:
