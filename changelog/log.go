@@ -1,6 +1,7 @@
 package changelog
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -36,6 +37,11 @@ type Log struct {
 	// MaxPiece bounds one message's data (default: the connection's max
 	// payload less room for headers).
 	MaxPiece int
+	// PublishTimeout bounds each message's publish (default 5 s). The
+	// writer holds its SQLite transaction open while it appends: a publish
+	// lost with a NATS node must fail the append soon, not hold every
+	// partition's commits until a long deadline (seen: 30 s).
+	PublishTimeout time.Duration
 }
 
 // Append publishes data, an encoded record of partition p, as the next
@@ -64,8 +70,10 @@ func (l *Log) Append(ctx context.Context, p int, after uint64, data []byte) (uin
 		}
 		sum := sha256.Sum256(piece)
 		id := hex.EncodeToString(sum[:16]) + "@" + strconv.FormatUint(after, 10)
-		ack, err := l.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(bus.StreamState),
+		pctx, cancel := context.WithTimeout(ctx, cmp.Or(l.PublishTimeout, 5*time.Second))
+		ack, err := l.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(bus.StreamState),
 			jetstream.WithExpectLastSequencePerSubject(after))
+		cancel()
 		if err != nil {
 			var apiErr *jetstream.APIError
 			if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
@@ -74,7 +82,9 @@ func (l *Log) Append(ctx context.Context, p int, after uint64, data []byte) (uin
 			// The server checks the fence before the duplicate window: a
 			// retry of a write whose ack was lost is refused too. The
 			// message right after the fence tells which it is.
-			seq, mine := l.landed(ctx, subject, after, id)
+			lctx, cancel := context.WithTimeout(ctx, cmp.Or(l.PublishTimeout, 5*time.Second))
+			seq, mine := l.landed(lctx, subject, after, id)
+			cancel()
 			if !mine {
 				return 0, fmt.Errorf("append to %s after %d: %w", subject, after, ErrFenced)
 			}

@@ -79,22 +79,33 @@ func TestTransientFailureIsRetriedInTheLane(t *testing.T) {
 
 func TestTransientFailureBeyondBudgetIsNotLost(t *testing.T) {
 	// The lock outlasts the retry budget: the input cannot even be recorded
-	// as poison, so it is given back to JetStream, and applied once the
-	// database is writable again. Nothing is lost, nothing is rejected.
+	// as poison. It must be kept and retried, not given back to JetStream:
+	// given back, it came back behind its conversation's later inputs
+	// (seen after a NATS node loss, as an orphan tool result). Nothing is
+	// lost, nothing is rejected, nothing is reordered.
 	h := startStore(t, pipeline.Config{Lanes: 1, AckWait: 5 * time.Second, MaxDeliver: 10, RetryBudget: 200 * time.Millisecond},
 		[]store.Option{store.WithBusyTimeout(20 * time.Millisecond)})
 	release := lockDB(t, h.store.Path())
 	t1 := h.turn("budget", schema.RoleUser, 20)
 	deadline := time.Now().Add(10 * time.Second)
-	for h.metrics.Value("ctxpipe_redeliveries_total", "") < 1 {
+	// Past the budget: the retries go on after poison failed to be recorded.
+	for h.metrics.Value("ctxpipe_retries_total", "") < 6 {
 		if time.Now().After(deadline) {
-			t.Fatal("the input was never given back for redelivery")
+			t.Fatal("the runner stopped retrying the input")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	t2 := h.turn("budget", schema.RoleAssistant, 20)
+	time.Sleep(300 * time.Millisecond)
 	release()
-	full := h.history("budget", schema.ViewFull, t1.ID)
-	if len(full) != 1 || full[0].ID != t1.ID {
-		t.Fatalf("history %d messages", len(full))
+	full := h.history("budget", schema.ViewFull, t2.ID)
+	if len(full) != 2 || full[0].ID != t1.ID || full[1].ID != t2.ID {
+		t.Fatalf("history %d messages, want %s then %s", len(full), t1.ID, t2.ID)
+	}
+	if n := h.metrics.Value("ctxpipe_redeliveries_total", ""); n != 0 {
+		t.Fatalf("%v redeliveries: the input was given back", n)
+	}
+	if n := h.metrics.Value("ctxpipe_inputs_total", `outcome="rejected"`); n != 0 {
+		t.Fatalf("%v inputs rejected; a failing store must not reject", n)
 	}
 }

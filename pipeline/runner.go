@@ -311,20 +311,25 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 			r.ack(batch)
 			return
 		}
-		if KindOf(err) == Stop || ctx.Err() != nil {
+		if ctx.Err() != nil {
+			// Shutdown: the whole queue is given back, in order.
 			r.giveBack(batch)
 			return
 		}
 		r.Metrics.Inc("ctxpipe_retries_total", "")
 		r.Log.Warn("transient failure; retrying", "inputs", len(batch), "err", err, "backoff", backoff)
 		if len(batch) > 1 {
-			for _, j := range batch {
+			for i, j := range batch {
+				if ctx.Err() != nil {
+					// Not one of them may go on after another was given back.
+					r.giveBack(batch[i:])
+					return
+				}
 				r.handle(ctx, []*job{j})
 			}
 			return
 		}
-		if time.Since(start) > r.cfg.RetryBudget {
-			r.poison(ctx, batch[0], err)
+		if time.Since(start) > r.cfg.RetryBudget && r.poison(batch[0], err) {
 			return
 		}
 		select {
@@ -338,20 +343,19 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 }
 
 // poison records an input that kept failing as rejected, so it never blocks
-// its conversation again. If even that cannot be committed, the input is given back.
-func (r *Runner) poison(ctx context.Context, j *job, cause error) {
+// its conversation again, and acks it. When even that cannot be committed
+// the store (or the changelog) is failing, not the input: poison returns
+// false and the caller keeps the input and goes on retrying it. Giving it
+// back to JetStream instead would let its conversation's later inputs,
+// already queued here, overtake it.
+func (r *Runner) poison(j *job, cause error) bool {
 	e := r.rejection(j, "", schema.Errorf(schema.ReasonPoison, "gave up after the retry budget: %v", cause))
 	if err := r.commit(j.partition, []store.Entry{e}); err != nil {
-		// The store itself is failing: give the input back, after a pause so
-		// that it does not come straight back into the same failure.
-		r.Log.Error("cannot record a poison input; giving it back", "seq", j.seq, "err", err)
-		if err := j.msg.NakWithDelay(min(r.cfg.RetryBudget, 5*time.Second)); err != nil {
-			r.Log.Warn("nak failed", "seq", j.seq, "err", err)
-		}
-		r.release(j)
-		return
+		r.Log.Error("cannot record a poison input; keeping it and retrying", "seq", j.seq, "err", err)
+		return false
 	}
 	r.ack([]*job{j})
+	return true
 }
 
 func (r *Runner) ack(batch []*job) {
