@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -75,15 +76,20 @@ func BenchmarkPipeline(b *testing.B) {
 		b.Fatal(err)
 	}
 	for i := 0; i < b.N; i++ {
-		rate, commits, condenses := runPipeline(b, subjects, payloads, ids)
+		rate, m := runPipeline(b, subjects, payloads, ids)
 		b.ReportMetric(rate, "turns/s")
-		b.ReportMetric(commits, "commits")
-		b.ReportMetric(condenses, "condenses")
+		b.ReportMetric(m.Value("ctxpipe_commits_total", ""), "commits")
+		b.ReportMetric(m.Value("ctxpipe_events_total", `type="condense_context"`), "condenses")
+		// Where the single committer's time goes, per run: the SQL of a
+		// round, the changelog append, the SQLite commit (fsync).
+		for _, phase := range []string{"apply", "append", "sync"} {
+			b.ReportMetric(m.Value("ctxpipe_commit_phase_seconds_sum", fmt.Sprintf("phase=%q", phase))*1000, phase+"-ms")
+		}
 	}
 }
 
 // runPipeline runs the pipeline over the stream once, timing it alone.
-func runPipeline(b *testing.B, subjects []string, payloads [][]byte, ids []string) (rate, commits, condenses float64) {
+func runPipeline(b *testing.B, subjects []string, payloads [][]byte, ids []string) (rate float64, m *pipeline.Metrics) {
 	b.StopTimer()
 	js := loadStream(b, subjects, payloads, ids)
 	st, err := store.Open(context.Background(), filepath.Join(b.TempDir(), "bench.db"))
@@ -94,7 +100,7 @@ func runPipeline(b *testing.B, subjects []string, payloads [][]byte, ids []strin
 	engine := stages.NewEngine(llm.NewRouter(llm.Config{}, log))
 	engine.Log = log
 	p := schema.Profile{ID: schema.DefaultProfileID, ContextWindow: 64000, MaxTokens: 8192}
-	m := pipeline.NewMetrics()
+	m = pipeline.NewMetrics()
 	r, err := pipeline.New(pipeline.Config{}, pipeline.Deps{JS: js, Store: st, Engine: engine,
 		Profiles: pipeline.StaticProfiles(p), Log: log, Metrics: m})
 	if err != nil {
@@ -113,8 +119,7 @@ func runPipeline(b *testing.B, subjects []string, payloads [][]byte, ids []strin
 	cancel()
 	<-done
 	_ = st.Close()
-	return float64(len(payloads)) / elapsed.Seconds(), m.Value("ctxpipe_commits_total", ""),
-		m.Value("ctxpipe_events_total", `type="condense_context"`)
+	return float64(len(payloads)) / elapsed.Seconds(), m
 }
 
 // BenchmarkRawConsumeAck is the ceiling: the same stream, the same consumer
@@ -170,7 +175,7 @@ func BenchmarkPipelineVsRaw(b *testing.B) {
 	var pipes, raws, ratios []float64
 	for i := 0; i < b.N; i++ {
 		raw := runRaw(b, subjects, payloads, ids)
-		pipe, _, _ := runPipeline(b, subjects, payloads, ids)
+		pipe, _ := runPipeline(b, subjects, payloads, ids)
 		raws, pipes, ratios = append(raws, raw), append(pipes, pipe), append(ratios, pipe/raw)
 	}
 	b.ReportMetric(median(pipes), "pipeline-turns/s")

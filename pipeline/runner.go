@@ -440,6 +440,17 @@ func (r *Runner) prepare(ctx context.Context, batch []*job) ([]store.Entry, erro
 			entries = append(entries, *e)
 		}
 	}
+	// Encode here, on the worker, what the committer would otherwise encode
+	// on its one goroutine, twice (for SQLite and for the changelog record).
+	// An entry that cannot be encoded is left as it is: the store refuses
+	// it in the commit, which deals with it as before.
+	for i := range entries {
+		if e := &entries[i]; e.Changes != nil && e.Encoded == nil {
+			if enc, err := store.EncodeChanges(*e); err == nil {
+				e.Encoded = enc
+			}
+		}
+	}
 	return entries, nil
 }
 

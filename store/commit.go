@@ -77,14 +77,15 @@ type Entry struct {
 	Input   InputRecord
 	Changes *schema.Changes
 	// Encoded, when set, is what Commit writes of Changes as JSON, made by
-	// EncodeChanges when the entry was first committed: a changelog record
-	// carries it, so that a replay writes the very bytes the live commit
-	// wrote and encodes nothing again. Changes then needs only what is
-	// stored beside those bytes: each inserted message's column fields (id,
-	// ts, role, the summary, marker and parent fields, tokens, not its
-	// content), State.ConversationID, the tags, the deletes and the events.
-	// The messages are not put in the message cache: a read decodes them
-	// from their bodies when it needs them.
+	// EncodeChanges: by the worker that made the entry (Changes then are
+	// whole), or when the entry was first committed and carried by a
+	// changelog record, so that a replay writes the very bytes the live
+	// commit wrote and encodes nothing again. A replayed entry's Changes
+	// need only what is stored beside those bytes: each inserted message's
+	// column fields (id, ts, role, the summary, marker and parent fields,
+	// tokens, not its content), State.ConversationID, the tags, the deletes
+	// and the events; its messages are not put in the message cache (a
+	// read decodes them from their bodies when it needs them).
 	Encoded *EncodedChanges
 }
 
@@ -97,17 +98,23 @@ type EncodedChanges struct {
 	Bodies [][]byte
 	State  []byte
 	Events [][]byte
+	// complete is set by EncodeChanges, whose Changes hold whole messages
+	// (a live commit whose worker encoded them ahead): those are cached as
+	// an unencoded commit's are. A decoded changelog record's are not.
+	complete bool
 }
 
 // EncodeChanges returns the JSON Commit stores for e.Changes (nil when it
 // has none), checking e as Commit does. It is what a changelog record
-// carries: replaying the entry with it writes the same bytes.
+// carries: replaying the entry with it writes the same bytes. A worker sets
+// it as e.Encoded ahead of the commit, so that the single writer encodes
+// nothing (neither for SQLite nor for the record).
 func EncodeChanges(e Entry) (*EncodedChanges, error) {
 	x, err := encodeEntry(e)
 	if err != nil || e.Changes == nil {
 		return nil, err
 	}
-	enc := &EncodedChanges{State: x.state}
+	enc := &EncodedChanges{State: x.state, complete: !x.replayed}
 	if len(x.msgs) > 0 {
 		enc.Bodies = make([][]byte, len(x.msgs))
 		for i, em := range x.msgs {
@@ -160,8 +167,9 @@ type encoded struct {
 	payload []byte   // what the row keeps of it
 	ch      *schema.Changes
 	conv    string
-	// replayed: the bodies came encoded (Entry.Encoded); the messages hold
-	// only their column fields and are not cached.
+	// replayed: the bodies came encoded from a changelog record
+	// (Entry.Encoded); the messages hold only their column fields and are
+	// not cached.
 	replayed bool
 	msgs     []encodedMessage
 	events   []encodedEvent
@@ -470,7 +478,7 @@ func encodeEntry(e Entry) (encoded, error) {
 			return x, fmt.Errorf("encoded changes (%d bodies, %d events, state %v) do not match the changes (%d messages, %d events, state %v)",
 				len(enc.Bodies), len(enc.Events), enc.State != nil, len(ch.Insert), len(ch.Events), ch.State.ConversationID != "")
 		}
-		x.replayed = true
+		x.replayed = !enc.complete
 	}
 	if len(ch.Insert) > 0 {
 		x.msgs = make([]encodedMessage, 0, len(ch.Insert))
