@@ -9,9 +9,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sashabaranov/go-openai"
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/changelog"
+	"github.com/ctxpipe/ctxpipe/internal/openaitest"
 	"github.com/ctxpipe/ctxpipe/internal/transcripts"
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -160,5 +162,98 @@ func waitFor(t *testing.T, ok func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatal("condition not met within 10s")
 		}
+	}
+}
+
+// A batch prepared while the follower applied another writer's record of
+// its partition (a takeover before the follower caught up) is prepared
+// again: the append's fence alone would pass, since the store applied that
+// record and the fence moved with it, and the batch's decisions (what to
+// condense or truncate, which tool call a result answers) would have been
+// taken on a state without the record.
+// Here the worker is held inside a condense (the summarizer waits) while a
+// record of another writer adds a turn to the same conversation.
+func TestStaleViewIsPreparedAgain(t *testing.T) {
+	h := start(t)
+	asked, release := make(chan struct{}, 1), make(chan struct{})
+	h.ai.SetHandler(func(req openai.ChatCompletionRequest) openaitest.Reply {
+		select {
+		case asked <- struct{}{}:
+			<-release
+		default:
+		}
+		return openaitest.DefaultReply(req)
+	})
+	const conv = "stale"
+	turns := h.turns(conv, 12, 400)
+	select {
+	case <-asked:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the conversation never asked its summarizer")
+	}
+	ctx := context.Background()
+	st, _, err := h.store.State(ctx, conv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another writer's record for the shared partition, after its last
+	// message: one more turn of the conversation, with the state it leads to.
+	p := h.runner.Partitions()
+	var fence uint64
+	s, err := h.js.Stream(ctx, bus.StreamState)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.GetLastMsgForSubject(ctx, bus.StateSubject(p)); err == nil {
+		fence = m.Sequence
+	}
+	tn := schema.Turn{ID: uuid.NewString(), ConversationID: conv, TS: st.LastTS + 1, Role: schema.RoleUser,
+		Content: schema.TextContent("from the other writer")}
+	payload, err := schema.Marshal(tn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Messages++
+	st.ContextTokens += 7
+	st.LastTS = tn.TS
+	rec, err := changelog.Encode(changelog.Record{Partition: p, At: time.Now().UnixMilli(), Entries: []store.Entry{{
+		Input: store.InputRecord{ID: tn.ID, ConversationID: conv, Kind: string(schema.KindTurn),
+			Subject: schema.InputSubject(conv, schema.KindTurn), TS: tn.TS, Payload: payload, Status: store.StatusApplied},
+		Changes: &schema.Changes{Insert: []schema.Insertion{{Message: schema.Message{Turn: tn, Tokens: 7}}}, State: st},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&changelog.Log{JS: h.js}).Append(ctx, p, fence, rec); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		seen, err := h.store.SeenInputs(ctx, []string{tn.ID})
+		return err == nil && len(seen) == 1
+	})
+	close(release)
+	h.history(conv, schema.ViewFull, turns[len(turns)-1].ID)
+
+	st, _, err = h.store.State(ctx, conv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := h.store.Messages(ctx, conv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The state agrees with the store either way (the condense reads the
+	// stored history); what the fence alone let through is the decision
+	// taken on a view without the other writer's turn.
+	eff := 0
+	for _, m := range h.history(conv, schema.ViewEffective, "") {
+		eff += m.Tokens
+	}
+	if st.Messages != len(msgs) || st.ContextTokens != eff+st.SystemTokens {
+		t.Fatalf("the state counts %d messages and %d tokens, the store holds %d messages of %d effective tokens",
+			st.Messages, st.ContextTokens, len(msgs), eff+st.SystemTokens)
+	}
+	if h.metrics.Value("ctxpipe_changelog_fenced_total", "") == 0 {
+		t.Fatal("the stale batch was not prepared again")
 	}
 }

@@ -16,8 +16,11 @@ import (
 // waiting to be committed.
 type commitReq struct {
 	partition int
-	entries   []store.Entry
-	done      chan error
+	// seen is the partition's foreign mark when the worker began reading
+	// the store for these entries (logState.foreignMark).
+	seen    uint64
+	entries []store.Entry
+	done    chan error
 }
 
 // size is the payload bytes a request commits, the bulk of its records.
@@ -37,13 +40,14 @@ func (q *commitReq) size() int {
 // applied what was appended, the batch is prepared again.
 var errBehind = errors.New("the partition's changelog moved on; catching up")
 
-// commit hands entries to the committer and waits until they are in the
-// changelog and SQLite. Workers ack only after this returns nil.
-func (r *Runner) commit(partition int, entries []store.Entry) error {
+// commit hands entries, prepared on a view of the store read after the
+// partition's foreign mark was seen, to the committer and waits until they
+// are in the changelog and SQLite. Workers ack only after this returns nil.
+func (r *Runner) commit(partition int, seen uint64, entries []store.Entry) error {
 	if len(entries) == 0 {
 		return nil
 	}
-	req := &commitReq{partition: partition, entries: entries, done: make(chan error, 1)}
+	req := &commitReq{partition: partition, seen: seen, entries: entries, done: make(chan error, 1)}
 	r.commits <- req
 	return <-req.done
 }
@@ -62,6 +66,13 @@ type logState struct {
 
 	mu     sync.RWMutex
 	shared []uint64 // copy of applied for the follower
+	// foreign is, per partition, the sequence of the last record of another
+	// writer (or of this one, brought in by the follower after its own
+	// commit failed) that the store applied. A worker's view of a
+	// conversation is stale if it moved while the worker prepared: the
+	// fence alone does not tell, since the store has applied that record
+	// and the fence moved with it.
+	foreign []uint64
 	// own holds, per partition, the last record this instance appended
 	// and is committing: the follower must not fetch it back meanwhile.
 	own   []uint64
@@ -71,13 +82,28 @@ type logState struct {
 
 func newLogState(partitions int, pos map[int]uint64, cursor uint64) *logState {
 	ls := &logState{applied: make([]uint64, partitions+1), pieceTail: make([]uint64, partitions+1), pieceHead: make([]uint64, partitions+1),
-		shared: make([]uint64, partitions+1), own: make([]uint64, partitions+1), cursor: cursor, cur: cursor, moved: make(chan struct{})}
+		shared: make([]uint64, partitions+1), own: make([]uint64, partitions+1), foreign: make([]uint64, partitions+1),
+		cursor: cursor, cur: cursor, moved: make(chan struct{})}
 	for p, seq := range pos {
 		if p >= 0 && p <= partitions {
 			ls.applied[p], ls.shared[p] = seq, seq
 		}
 	}
 	return ls
+}
+
+// foreignMark is partition p's foreign mark (see logState.foreign). A
+// worker reads it before it reads the store for a batch.
+func (ls *logState) foreignMark(p int) uint64 {
+	ls.mu.RLock()
+	defer ls.mu.RUnlock()
+	return ls.foreign[p]
+}
+
+func (ls *logState) setForeign(p int, seq uint64) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.foreign[p] = max(ls.foreign[p], seq)
 }
 
 // fence is the sequence an append to partition p must find last: what the
@@ -247,6 +273,13 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 	var batches []*partitionBatch
 	byPart := map[int]*partitionBatch{}
 	for _, q := range reqs {
+		if q.seen != r.log.foreignMark(q.partition) {
+			// Prepared on a view older than a record the follower applied
+			// since (a takeover's catch-up): prepare again.
+			r.Metrics.Inc("ctxpipe_changelog_fenced_total", "")
+			q.done <- fmt.Errorf("commit %d inputs: %w", len(q.entries), errBehind)
+			continue
+		}
 		b := byPart[q.partition]
 		if b == nil {
 			b = &partitionBatch{partition: q.partition}
@@ -527,6 +560,9 @@ func (r *Runner) applyFollowed(items []changelog.Item) {
 		}
 		for p, seq := range positions {
 			r.log.setApplied(p, seq)
+		}
+		for _, x := range recs {
+			r.log.setForeign(x.p, x.seq)
 		}
 		r.log.setCursor(cursor)
 		if tx != nil {

@@ -118,7 +118,7 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	r.Metrics.Help("ctxpipe_retries_total", "Worker retries of transient failures.")
 	r.Metrics.Help("ctxpipe_commits_total", "SQLite transactions committed.")
 	r.Metrics.Help("ctxpipe_consumer_rebuilds_total", "Times the runner rebuilt a partition's consumer after a fetch failure.")
-	r.Metrics.Help("ctxpipe_changelog_fenced_total", "Changelog appends refused because another writer appended to the partition first.")
+	r.Metrics.Help("ctxpipe_changelog_fenced_total", "Batches prepared again because another writer appended to the partition first (the append was refused, or its record was applied while they were prepared).")
 	r.Metrics.Help("ctxpipe_changelog_applied_total", "Changelog records of other writers (or of this instance before a crash) applied to this instance's SQLite.")
 	r.Metrics.Help("ctxpipe_changelog_changes_total", "Inputs' changes applied from those records (not counted in ctxpipe_inputs_total).")
 	r.Metrics.Help("ctxpipe_changelog_unreadable_total", "Changelog messages or records skipped because they could not be read or applied.")
@@ -303,9 +303,11 @@ func (r *Runner) worker(ctx context.Context) {
 func (r *Runner) handle(ctx context.Context, batch []*job) {
 	start, backoff := time.Now(), 50*time.Millisecond
 	for {
+		p := batch[0].partition
+		seen := r.log.foreignMark(p)
 		entries, err := r.prepare(ctx, batch)
 		if err == nil {
-			err = r.commit(batch[0].partition, entries)
+			err = r.commit(p, seen, entries)
 		}
 		if err == nil {
 			r.ack(batch)
@@ -350,7 +352,8 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 // already queued here, overtake it.
 func (r *Runner) poison(j *job, cause error) bool {
 	e := r.rejection(j, "", schema.Errorf(schema.ReasonPoison, "gave up after the retry budget: %v", cause))
-	if err := r.commit(j.partition, []store.Entry{e}); err != nil {
+	// A rejection reads nothing of the conversation: any view will do.
+	if err := r.commit(j.partition, r.log.foreignMark(j.partition), []store.Entry{e}); err != nil {
 		r.Log.Error("cannot record a poison input; keeping it and retrying", "seq", j.seq, "err", err)
 		return false
 	}
