@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -198,6 +199,79 @@ func (a *Assembler) Pending(p int) bool { return len(a.pieces[p]) > 0 }
 // after its last pull (a restarted follower leaves the old one behind).
 const inactive = 5 * time.Second
 
+// stallAfter is how long a follower may wait for its next message while
+// the stream holds messages past the last one it got, before it gives up on
+// its ordered consumer. After a node loss, the library re-creates an
+// ordered consumer by itself, quietly and without bound (10 s a try, with
+// backoff): a follower sat a minute behind the stream, and every owner
+// waited on it.
+const stallAfter = 4 * time.Second
+
+// watch is the follower's watchdog: it stops the iterator (through stop)
+// when the follower waited stallAfter for a message while the stream holds
+// one past the last it got, and Err then says so.
+type watch struct {
+	after   time.Duration // stallAfter but in tests
+	mu      sync.Mutex
+	last    uint64    // the last sequence delivered
+	waiting time.Time // since when Next waits; zero when not waiting
+	err     error
+}
+
+func (w *watch) wait() {
+	w.mu.Lock()
+	w.waiting = time.Now()
+	w.mu.Unlock()
+}
+
+func (w *watch) got(seq uint64) {
+	w.mu.Lock()
+	w.last, w.waiting = seq, time.Time{}
+	w.mu.Unlock()
+}
+
+// Err is set once the watchdog stopped the iterator.
+func (w *watch) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
+	t := time.NewTicker(w.after / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.mu.Lock()
+		since, last := w.waiting, w.last
+		w.mu.Unlock()
+		if since.IsZero() || time.Since(since) < w.after {
+			continue
+		}
+		ictx, cancel := context.WithTimeout(ctx, max(w.after/2, time.Second))
+		info, err := stream.Info(ictx)
+		cancel()
+		if err != nil || info.State.LastSeq <= last {
+			continue // idle, or the server cannot tell: the next tick asks again
+		}
+		w.mu.Lock()
+		stalled := !w.waiting.IsZero() && w.last == last
+		if stalled {
+			w.err = fmt.Errorf("follow %s: no message for %v after %d while the stream holds up to %d",
+				bus.StreamState, time.Since(since).Round(time.Second), last, info.State.LastSeq)
+		}
+		w.mu.Unlock()
+		if stalled {
+			stop()
+			return
+		}
+	}
+}
+
 // Item is one message of CTX_STATE as a follower sees it.
 type Item struct {
 	Seq       uint64 // stream sequence
@@ -223,7 +297,11 @@ func Follow(ctx context.Context, js jetstream.JetStream, from uint64, have func(
 	if from > 1 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}
-	cons, err := js.OrderedConsumer(ctx, bus.StreamState, cfg)
+	stream, err := js.Stream(ctx, bus.StreamState)
+	if err != nil {
+		return fmt.Errorf("follow %s: %w", bus.StreamState, err)
+	}
+	cons, err := stream.OrderedConsumer(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("follow %s: %w", bus.StreamState, err)
 	}
@@ -234,12 +312,20 @@ func Follow(ctx context.Context, js jetstream.JetStream, from uint64, have func(
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
+	w := &watch{after: stallAfter, last: from - min(from, 1)}
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go w.run(wctx, stream, it.Stop)
 	asm := NewAssembler()
 	for {
+		w.wait()
 		msg, err := it.Next()
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if werr := w.Err(); werr != nil {
+				return werr
 			}
 			return fmt.Errorf("follow %s: %w", bus.StreamState, err)
 		}
@@ -247,6 +333,7 @@ func Follow(ctx context.Context, js jetstream.JetStream, from uint64, have func(
 		if err != nil {
 			continue
 		}
+		w.got(md.Sequence.Stream)
 		item := Item{Seq: md.Sequence.Stream, Pending: md.NumPending}
 		p, ok := bus.PartitionOfState(msg.Subject())
 		if !ok {
@@ -292,12 +379,20 @@ func FollowLive(ctx context.Context, js jetstream.JetStream, from uint64, have f
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
+	w := &watch{after: stallAfter, last: from - min(from, 1)}
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go w.run(wctx, stream, it.Stop)
 	asm := NewAssembler()
 	for {
+		w.wait()
 		msg, err := it.Next()
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if werr := w.Err(); werr != nil {
+				return werr
 			}
 			return fmt.Errorf("follow %s: %w", bus.StreamState, err)
 		}
@@ -305,6 +400,7 @@ func FollowLive(ctx context.Context, js jetstream.JetStream, from uint64, have f
 		if err != nil {
 			continue
 		}
+		w.got(md.Sequence.Stream)
 		item := Item{Seq: md.Sequence.Stream, Pending: md.NumPending}
 		p, ok := bus.PartitionOfState(msg.Subject())
 		switch {

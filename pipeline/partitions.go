@@ -330,10 +330,12 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	// Catching up first saves preparing inputs on a stale view (the fence
-	// would refuse them and they would be prepared again); it is not needed
-	// for correctness, so a follower that cannot keep up does not hold the
-	// partition back for long.
-	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	// and the foreign mark would refuse them and they would be prepared
+	// again); it is not needed for correctness, so a follower that cannot
+	// keep up does not hold the partition back for long. Not longer than
+	// half the pinned TTL: no pull goes out meanwhile, and a longer wait
+	// lost the pin, started a new term, and waited again, in a loop.
+	wctx, wcancel := context.WithTimeout(ctx, min(5*time.Second, r.cfg.PinnedTTL/2))
 	if err := r.log.waitCursor(wctx, st.CachedInfo().State.LastSeq); err != nil && ctx.Err() == nil {
 		r.Log.Warn("taking the partition before catching up with the changelog", "partition", p,
 			"changelog_last", st.CachedInfo().State.LastSeq, "cursor", r.Cursor())
