@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,7 +18,11 @@ type RebuildStats struct {
 	Messages uint64 // CTX_STATE messages read
 	Records  int    // records applied
 	Entries  int    // inputs (changes) applied
-	Took     time.Duration
+	// Skipped are the messages and records skipped as a running instance's
+	// follower skips them (unreadable, or refused by the store), so that
+	// the rebuilt file is what such an instance holds.
+	Skipped int
+	Took    time.Duration
 }
 
 // PerSecond is the replay rate in changes (entries) per second.
@@ -80,6 +85,12 @@ func Rebuild(ctx context.Context, js jetstream.JetStream, st *store.Store, opts 
 		// third of the rebuild's time). The records are applied under a
 		// context that cannot be, and the loop stops between them.
 		tx, err := st.Begin(context.WithoutCancel(ctx), groups)
+		for ge := (*store.GroupError)(nil); errors.As(err, &ge); {
+			stats.Skipped++
+			n -= len(groups[ge.Group].Entries)
+			groups = slices.Delete(groups, ge.Group, ge.Group+1)
+			tx, err = st.Begin(context.WithoutCancel(ctx), groups)
+		}
 		if err != nil {
 			return fmt.Errorf("rebuild: apply up to %d: %w", cursor, err)
 		}
@@ -110,7 +121,8 @@ func Rebuild(ctx context.Context, js jetstream.JetStream, st *store.Store, opts 
 		cursor = it.Seq
 		switch {
 		case it.Err != nil:
-			return stats, fmt.Errorf("rebuild: message %d: %w", it.Seq, it.Err)
+			stats.Skipped++
+			continue
 		case it.Record == nil:
 			continue
 		}

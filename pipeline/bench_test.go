@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,6 +81,7 @@ func BenchmarkPipeline(b *testing.B) {
 		b.ReportMetric(rate, "turns/s")
 		b.ReportMetric(m.Value("ctxpipe_commits_total", ""), "commits")
 		b.ReportMetric(m.Value("ctxpipe_events_total", `type="condense_context"`), "condenses")
+		b.ReportMetric(m.Value("bench_cpu_cores", ""), "cpu-cores")
 		// Where the single committer's time goes, per run: the SQL of a
 		// round, the changelog append, the SQLite commit (fsync).
 		for _, phase := range []string{"apply", "append", "sync"} {
@@ -109,12 +111,16 @@ func runPipeline(b *testing.B, subjects []string, payloads [][]byte, ids []strin
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	b.StartTimer()
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuTime()
 	go func() { done <- r.Run(ctx) }()
 	for m.Value("ctxpipe_inputs_total", `outcome="applied"`) < float64(len(payloads)) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	elapsed := time.Since(start)
+	// Cores busy on average (this process: the pipeline and the in-process
+	// server): below the machine's count, the run waits on latency; at it,
+	// on CPU.
+	m.Add("bench_cpu_cores", "", (cpuTime()-cpu0).Seconds()/elapsed.Seconds())
 	b.StopTimer()
 	cancel()
 	<-done
@@ -187,4 +193,13 @@ func median(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// cpuTime is the CPU time this process has used, user and system.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -257,3 +257,72 @@ func TestStaleViewIsPreparedAgain(t *testing.T) {
 		t.Fatal("the stale batch was not prepared again")
 	}
 }
+
+// A record the store refuses (here a tag on a message that does not exist)
+// is skipped alike by the running instance's follower and by a rebuild, so
+// the rebuilt file is still the running one; the partition goes on.
+func TestRefusedRecordIsSkippedAlike(t *testing.T) {
+	h := start(t)
+	ctx := context.Background()
+	const conv = "refused"
+	h.turns(conv, 3, 20)
+	first := h.turns(conv, 1, 20)[0]
+	h.history(conv, schema.ViewFull, first.ID)
+
+	p := h.runner.Partitions()
+	s, err := h.js.Stream(ctx, bus.StreamState)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := s.GetLastMsgForSubject(ctx, bus.StateSubject(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn := schema.Turn{ID: uuid.NewString(), ConversationID: conv, TS: h.nextTS(), Role: schema.RoleUser, Content: schema.TextContent("x")}
+	payload, err := schema.Marshal(tn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := changelog.Encode(changelog.Record{Partition: p, At: time.Now().UnixMilli(), Entries: []store.Entry{{
+		Input: store.InputRecord{ID: tn.ID, ConversationID: conv, Kind: string(schema.KindTurn),
+			Subject: schema.InputSubject(conv, schema.KindTurn), TS: tn.TS, Payload: payload, Status: store.StatusApplied},
+		Changes: &schema.Changes{Tags: []schema.TagChange{{MessageID: "no-such-message", Field: schema.TagCondenseParent, Value: "x"}}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&changelog.Log{JS: h.js}).Append(ctx, p, last.Sequence, rec); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return h.metrics.Value("ctxpipe_changelog_unreadable_total", "") >= 1 })
+	after := h.turns(conv, 2, 20)
+	h.history(conv, schema.ViewFull, after[1].ID)
+	if seen, err := h.store.SeenInputs(ctx, []string{tn.ID}); err != nil || len(seen) != 0 {
+		t.Fatalf("the refused record's input is stored (%v, %v)", seen, err)
+	}
+
+	pos, _, err := h.store.LogPositions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	rebuilt, err := store.Open(ctx, filepath.Join(dir, "rebuilt.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats, err := changelog.Rebuild(ctx, h.js, rebuilt, changelog.RebuildOptions{UpTo: pos})
+	rebuilt.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Skipped != 1 {
+		t.Fatalf("the rebuild skipped %d records, want 1", stats.Skipped)
+	}
+	report, err := store.Diff(ctx, h.store.Path(), filepath.Join(dir, "rebuilt.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !report.Identical() {
+		t.Fatalf("rebuilt database differs:\n%s", report)
+	}
+}

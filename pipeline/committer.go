@@ -1,9 +1,11 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -263,12 +265,20 @@ type partitionBatch struct {
 	partition int
 	reqs      []*commitReq
 	entries   []store.Entry
+	refusal   error // why the store refused the batch, if it did
 }
 
 // commitLocal appends the workers' batches to the changelog, one record per
-// partition, and commits them. The transaction is applied first and kept
-// open while appending: a change the store refuses never reaches the log,
-// and one the log refuses (ErrFenced) is rolled back.
+// partition, and commits them to SQLite.
+//
+// The append and the SQL run at once: the records are appended while the
+// transaction applies the same entries, and it commits once both are done.
+// A record holds every entry of its batch, including any the store then
+// finds to be a duplicate: a replay finds it to be one too, since the
+// original is earlier in the log. When the log refuses a record (ErrFenced)
+// its batch is rolled back. When the store refuses a batch whose record is
+// in the log, the record is skipped as every follower and a rebuild skip
+// it, and the batch's requests are committed again, each alone.
 func (r *Runner) commitLocal(reqs []*commitReq) {
 	var batches []*partitionBatch
 	byPart := map[int]*partitionBatch{}
@@ -298,109 +308,110 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 	defer cancel()
 	at := time.Now().UnixMilli()
 
-	tx, batches := r.begin(sqlCtx, at, batches, func(b *partitionBatch, err error) {
-		// One worker's entry may be at fault: with several batches, commit
-		// each alone so that the others are not held back by it.
-		if len(b.reqs) > 1 {
-			for _, q := range b.reqs {
-				r.commitLocal([]*commitReq{q})
-			}
-			return
+	// refused are the batches the store would not take; their requests are
+	// committed again, each alone, once this round is over (no transaction
+	// open, no append in flight).
+	var refused []*partitionBatch
+	defer func() {
+		for _, b := range refused {
+			r.retryAlone(b)
 		}
-		b.reqs[0].done <- fmt.Errorf("commit %d inputs: %w", len(b.entries), err)
-	})
-	if tx == nil {
-		return
+	}()
+	records := make([][]byte, 0, len(batches))
+	for _, b := range batches {
+		data, err := changelog.Encode(changelog.Record{Partition: b.partition, At: at, Entries: b.entries})
+		if err != nil {
+			// What the record cannot encode, the store refuses: as before.
+			b.refusal = err
+			refused = append(refused, b)
+			continue
+		}
+		records = append(records, data)
+		batches[len(records)-1] = b
 	}
-	results := tx.Results()
-	tApply := time.Since(t0)
-	// Append each partition's record; partitions in parallel.
+	batches = batches[:len(records)]
+
 	seqs := make([]uint64, len(batches))
 	errs := make([]error, len(batches))
 	var wg sync.WaitGroup
 	for i, b := range batches {
-		var fresh []store.Entry
-		for k, e := range b.entries {
-			if !results[i][k].Duplicate {
-				fresh = append(fresh, e)
-			}
-		}
-		if len(fresh) == 0 {
-			continue
-		}
-		data, err := changelog.Encode(changelog.Record{Partition: b.partition, At: at, Entries: fresh})
-		if err != nil {
-			errs[i] = fmt.Errorf("encode changelog record: %w", err)
-			continue
-		}
 		wg.Add(1)
 		go func(i int, p int, fence uint64) {
 			defer wg.Done()
-			seqs[i], errs[i] = r.clog.Append(ctx, p, fence, data)
+			seqs[i], errs[i] = r.clog.Append(ctx, p, fence, records[i])
 		}(i, b.partition, r.log.fence(b.partition))
 	}
+	applied := map[*partitionBatch]bool{}
+	tx, ok, err := r.begin(sqlCtx, at, batches)
+	tApply := time.Since(t0)
 	wg.Wait()
-	tAppend := time.Since(t0) - tApply
-	var kept []*partitionBatch
-	var keptSeqs []uint64
+	tAppend := time.Since(t0)
+
+	// positions are the partitions' new changelog positions: every record
+	// appended, applied or skipped.
+	positions := map[int]uint64{}
+	var logged []*partitionBatch // in the log and applied
 	for i, b := range batches {
 		if errs[i] == nil {
-			kept, keptSeqs = append(kept, b), append(keptSeqs, seqs[i])
-			continue
-		}
-		err := errs[i]
-		if errors.Is(err, changelog.ErrFenced) {
-			r.Metrics.Inc("ctxpipe_changelog_fenced_total", "")
-			err = errBehind
-		}
-		for _, q := range b.reqs {
-			q.done <- fmt.Errorf("commit %d inputs: %w", len(b.entries), err)
+			positions[b.partition] = seqs[i]
 		}
 	}
-	if len(kept) < len(batches) {
-		// Undo the partitions whose append failed; the others are in the
-		// log and must be committed as they are.
-		tx.Rollback()
-		ownSeqs := map[int]uint64{}
-		for i, b := range kept {
-			ownSeqs[b.partition] = keptSeqs[i]
-		}
-		r.log.appended(ownSeqs)
-		defer r.log.appendDone(ownSeqs)
-		if len(kept) == 0 {
-			return
-		}
-		tx, kept = r.begin(sqlCtx, at, kept, func(b *partitionBatch, err error) {
-			// In the log already: the follower will bring it in.
-			r.Log.Error("a change in the changelog cannot be committed here; the follower will retry it", "partition", b.partition, "err", err)
-			for _, q := range b.reqs {
-				q.done <- nil
+	if err != nil {
+		r.failRound(batches, err)
+		return
+	}
+	for _, b := range ok {
+		applied[b] = true
+	}
+	for i, b := range batches {
+		switch {
+		case errs[i] != nil:
+			err := errs[i]
+			if errors.Is(err, changelog.ErrFenced) {
+				r.Metrics.Inc("ctxpipe_changelog_fenced_total", "")
+				err = errBehind
 			}
-		})
-		if tx == nil {
+			for _, q := range b.reqs {
+				q.done <- fmt.Errorf("commit %d inputs: %w", len(b.entries), err)
+			}
+		case !applied[b]:
+			// In the log, refused here: skipped, as a follower skips it.
+			r.Log.Error("a change in the changelog cannot be committed here; skipped, its inputs are committed again",
+				"partition", b.partition, "seq", seqs[i], "err", b.refusal)
+			r.Metrics.Inc("ctxpipe_changelog_unreadable_total", "")
+			refused = append(refused, b)
+		default:
+			logged = append(logged, b)
+		}
+	}
+	if len(logged) < len(ok) {
+		// A batch applied but not in the log: apply again without it.
+		tx.Rollback()
+		var more []*partitionBatch
+		tx, more, err = r.begin(sqlCtx, at, logged)
+		if err != nil {
+			r.failRound(logged, err)
 			return
 		}
-		results = tx.Results()
-	}
-	positions := map[int]uint64{}
-	for i, b := range kept {
-		if keptSeqs[i] > 0 {
-			positions[b.partition] = keptSeqs[i]
+		for _, b := range logged {
+			if !slices.Contains(more, b) {
+				r.Log.Error("a change in the changelog cannot be committed here; skipped, its inputs are committed again",
+					"partition", b.partition, "err", b.refusal)
+				r.Metrics.Inc("ctxpipe_changelog_unreadable_total", "")
+				refused = append(refused, b)
+			}
 		}
+		logged = more
+	}
+	if len(positions) == 0 {
+		tx.Rollback()
+		return
 	}
 	r.log.appended(positions)
 	defer r.log.appendDone(positions)
 	if err := tx.Commit(positions, 0); err != nil {
-		// The changes are in the log: the follower commits them, reading
-		// them again from its cursor.
-		r.Log.Error("commit after the changelog append failed; the follower will apply the records", "err", err)
 		r.log.appendDone(positions)
-		r.follower.retry()
-		for _, b := range kept {
-			for _, q := range b.reqs {
-				q.done <- nil
-			}
-		}
+		r.failRound(logged, err)
 		return
 	}
 	for p, seq := range positions {
@@ -408,10 +419,13 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 	}
 	r.Metrics.Inc("ctxpipe_commits_total", "")
 	r.Metrics.Observe("ctxpipe_commit_seconds", "", time.Since(t0))
+	// The phases add up to the round: the SQL, then the wait for the
+	// appends that outlasted it, then the commit.
 	r.Metrics.Observe("ctxpipe_commit_phase_seconds", `phase="apply"`, tApply)
-	r.Metrics.Observe("ctxpipe_commit_phase_seconds", `phase="append"`, tAppend)
-	r.Metrics.Observe("ctxpipe_commit_phase_seconds", `phase="sync"`, time.Since(t0)-tApply-tAppend)
-	for i, b := range kept {
+	r.Metrics.Observe("ctxpipe_commit_phase_seconds", `phase="append"`, tAppend-tApply)
+	r.Metrics.Observe("ctxpipe_commit_phase_seconds", `phase="sync"`, time.Since(t0)-tAppend)
+	results := tx.Results()
+	for i, b := range logged {
 		r.committed(b.entries, results[i], true)
 		for _, q := range b.reqs {
 			q.done <- nil
@@ -422,33 +436,60 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 	}
 }
 
-// begin opens a transaction holding batches, dropping (and reporting
-// through failed) each batch the store refuses. It returns nil when none is
-// left or the store fails as a whole (every request is then answered).
-func (r *Runner) begin(ctx context.Context, at int64, batches []*partitionBatch, failed func(*partitionBatch, error)) (*store.Tx, []*partitionBatch) {
-	for len(batches) > 0 {
-		groups := make([]store.Group, len(batches))
-		for i, b := range batches {
+// failRound fails every request of a round whose SQLite transaction failed
+// as a whole (the database locked or failing). Records already in the log
+// are the follower's to commit, once the store works again; the workers try
+// again meanwhile (their appends are fenced until the follower is done, and
+// then find the inputs stored), so an input is still acked only once it is
+// in SQLite.
+func (r *Runner) failRound(batches []*partitionBatch, err error) {
+	r.Log.Error("a commit round failed; the follower will apply what reached the changelog", "err", err)
+	r.follower.retry()
+	for _, b := range batches {
+		for _, q := range b.reqs {
+			q.done <- fmt.Errorf("commit %d inputs: %w", len(b.entries), err)
+		}
+	}
+}
+
+// retryAlone commits each request of a batch the store refused alone, so
+// that one worker's bad entry does not hold the others back; a request
+// alone is answered with the store's refusal (its worker retries it, then
+// rejects it as poison).
+func (r *Runner) retryAlone(b *partitionBatch) {
+	if len(b.reqs) > 1 {
+		for _, q := range b.reqs {
+			r.commitLocal([]*commitReq{q})
+		}
+		return
+	}
+	b.reqs[0].done <- fmt.Errorf("commit %d inputs: %w", len(b.entries), cmp.Or(b.refusal, errRefused))
+}
+
+// errRefused fails a batch the store would not apply, for no reason given.
+var errRefused = errors.New("the store refused the batch")
+
+// begin opens a transaction holding batches, dropping each batch the store
+// refuses (its refusal is kept in the batch). The transaction may hold no
+// batch at all. err is a failure of the store as a whole.
+func (r *Runner) begin(ctx context.Context, at int64, batches []*partitionBatch) (tx *store.Tx, kept []*partitionBatch, err error) {
+	kept = slices.Clone(batches)
+	for {
+		groups := make([]store.Group, len(kept))
+		for i, b := range kept {
 			groups[i] = store.Group{At: at, Entries: b.entries}
 		}
 		tx, err := r.Store.Begin(ctx, groups)
 		if err == nil {
-			return tx, batches
+			return tx, kept, nil
 		}
 		var ge *store.GroupError
 		if !errors.As(err, &ge) {
-			for _, b := range batches {
-				for _, q := range b.reqs {
-					q.done <- fmt.Errorf("commit %d inputs: %w", len(b.entries), err)
-				}
-			}
-			return nil, nil
+			return nil, nil, err
 		}
-		bad := batches[ge.Group]
-		batches = append(batches[:ge.Group:ge.Group], batches[ge.Group+1:]...)
-		failed(bad, ge.Err)
+		kept[ge.Group].refusal = ge.Err
+		kept = slices.Delete(kept, ge.Group, ge.Group+1)
 	}
-	return nil, nil
 }
 
 // committed counts what a commit stored and wakes the queries waiting on it.

@@ -88,6 +88,9 @@ func (m *Main) RebuildDB(ctx context.Context, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "replayed %d messages, %d records, %d changes in %v (%.0f changes/s)\n",
 		stats.Messages, stats.Records, stats.Entries, stats.Took.Round(time.Millisecond), stats.PerSecond())
+	if stats.Skipped > 0 {
+		fmt.Fprintf(out, "skipped %d messages or records, as the running instances skip them (unreadable, or refused by the store)\n", stats.Skipped)
+	}
 	if !exists {
 		if err := os.Rename(rebuilt, current); err != nil {
 			return err
