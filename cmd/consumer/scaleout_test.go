@@ -448,14 +448,6 @@ func TestScaleOutFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a 3-node cluster and three service binaries")
 	}
-	// Known open defect (issue 10): after the NATS node leading CTX_STATE
-	// was killed, one run ended with one conversation's history different
-	// from the single-instance run's. Until that is explained this test runs
-	// in `make test-scaleout`, not in `make test`, so that it cannot fail CI
-	// at random; it is not hidden: see the README.
-	if os.Getenv("CTXPIPE_SCALEOUT") == "" {
-		t.Skip("set CTXPIPE_SCALEOUT=1 (make test-scaleout): a divergence after a node loss is open, issue 10")
-	}
 	began := time.Now()
 	deadline := began.Add(4 * time.Minute)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
