@@ -77,14 +77,21 @@ type logState struct {
 	foreign []uint64
 	// own holds, per partition, the last record this instance appended
 	// and is committing: the follower must not fetch it back meanwhile.
-	own   []uint64
+	// inflight marks the partitions this instance is appending to, whose
+	// new sequence it does not know yet: the follower may see the message
+	// before the append returns. A message of another writer skipped
+	// meanwhile is read again, as when an own commit fails (see
+	// applyFollowed): this instance's append was then fenced.
+	own      []uint64
+	inflight []bool
 	cur   uint64
 	moved chan struct{} // closed and replaced whenever cursor moves
 }
 
 func newLogState(partitions int, pos map[int]uint64, cursor uint64) *logState {
 	ls := &logState{applied: make([]uint64, partitions+1), pieceTail: make([]uint64, partitions+1), pieceHead: make([]uint64, partitions+1),
-		shared: make([]uint64, partitions+1), own: make([]uint64, partitions+1), foreign: make([]uint64, partitions+1),
+		shared: make([]uint64, partitions+1), own: make([]uint64, partitions+1), inflight: make([]bool, partitions+1),
+		foreign: make([]uint64, partitions+1),
 		cursor: cursor, cur: cursor, moved: make(chan struct{})}
 	for p, seq := range pos {
 		if p >= 0 && p <= partitions {
@@ -153,24 +160,31 @@ func (ls *logState) safeCursor() uint64 {
 func (ls *logState) has(p int, seq uint64) bool {
 	ls.mu.RLock()
 	defer ls.mu.RUnlock()
-	return p >= 0 && p < len(ls.shared) && (seq <= ls.shared[p] || seq <= ls.own[p])
+	return p >= 0 && p < len(ls.shared) && (seq <= ls.shared[p] || seq <= ls.own[p] || ls.inflight[p])
 }
 
-// appended records this instance's own appends while their commit runs;
-// done ends that (the commit either landed, and applied covers them, or
-// failed, and the follower must read them after all).
-func (ls *logState) appended(seqs map[int]uint64) {
+// appending marks an append to partition p in flight; appended ends it
+// with the sequence the append reached (0: it failed). The record is then
+// this instance's own while its commit runs; appendDone ends that (the
+// commit either landed, and applied covers it, or failed, and the follower
+// must read it after all).
+func (ls *logState) appending(p int) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	for p, seq := range seqs {
-		ls.own[p] = max(ls.own[p], seq)
-	}
+	ls.inflight[p] = true
 }
 
-func (ls *logState) appendDone(seqs map[int]uint64) {
+func (ls *logState) appended(p int, seq uint64) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	for p := range seqs {
+	ls.own[p] = max(ls.own[p], seq)
+	ls.inflight[p] = false
+}
+
+func (ls *logState) appendDone(parts map[int]*partitionBatch) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	for p := range parts {
 		ls.own[p] = 0
 	}
 }
@@ -336,11 +350,17 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 	var wg sync.WaitGroup
 	for i, b := range batches {
 		wg.Add(1)
+		r.log.appending(b.partition)
 		go func(i int, p int, fence uint64) {
 			defer wg.Done()
 			seqs[i], errs[i] = r.clog.Append(ctx, p, fence, records[i])
+			if errs[i] != nil {
+				seqs[i] = 0
+			}
+			r.log.appended(p, seqs[i])
 		}(i, b.partition, r.log.fence(b.partition))
 	}
+	defer r.log.appendDone(byPart)
 	applied := map[*partitionBatch]bool{}
 	tx, ok, err := r.begin(sqlCtx, at, batches)
 	tApply := time.Since(t0)
@@ -407,10 +427,7 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 		tx.Rollback()
 		return
 	}
-	r.log.appended(positions)
-	defer r.log.appendDone(positions)
 	if err := tx.Commit(positions, 0); err != nil {
-		r.log.appendDone(positions)
 		r.failRound(logged, err)
 		return
 	}
