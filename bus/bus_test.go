@@ -226,3 +226,48 @@ func TestRedact(t *testing.T) {
 		}
 	}
 }
+
+// A publisher cannot choose its partition: a subject in the stored form
+// (ctx.in.<p>.<tenant>.<conv>.<kind>) or any other shape is not accepted by
+// CTX_IN at all, and a tenant named like a partition number is stored under
+// the partition the server computes for it, with its tenant kept.
+func TestForgedPartitionSubjectIsNotStored(t *testing.T) {
+	js, _ := newJS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := EnsureStreams(ctx, js, WithPartitions(8)); err != nil {
+		t.Fatal(err)
+	}
+	for _, subject := range []string{
+		"ctx.in.3.acme.c1.turn", // the stored form, partition chosen by the publisher
+		"ctx.in.8.acme.c1.turn", // the shared partition's number
+		"ctx.in.c1",             // too short
+		"ctx.in.a.b.c.d.e",      // too long
+	} {
+		pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := js.Publish(pctx, subject, []byte(`{}`))
+		pcancel()
+		if err == nil {
+			t.Errorf("%s: stored, want no stream to take it", subject)
+		}
+	}
+	ack, err := js.Publish(ctx, "ctx.in.3.c1.turn", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, StreamIn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CachedInfo().State.Msgs; n != 1 {
+		t.Fatalf("CTX_IN holds %d messages, want 1", n)
+	}
+	m, err := s.GetMsg(ctx, ack.Sequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, published, ok := SplitInputSubject(m.Subject, 8)
+	if !ok || published != "ctx.in.3.c1.turn" || p < 0 || p >= 8 {
+		t.Fatalf("stored as %q: partition %d, published %q, ok %v", m.Subject, p, published, ok)
+	}
+}
