@@ -236,7 +236,7 @@ func (r *Runner) Cursor() uint64 {
 // follower's records are applied only between rounds, never while a
 // launched round is pending: its requests were checked against the
 // partitions' foreign marks when it was launched.
-func (r *Runner) committer(followed <-chan changelog.Item) {
+func (r *Runner) committer(follow <-chan followed) {
 	commits := r.commits
 	var next *round
 	// held are followed items that touch a partition of the pending round:
@@ -244,7 +244,7 @@ func (r *Runner) committer(followed <-chan changelog.Item) {
 	var held []changelog.Item
 	for {
 		if next != nil {
-			items := append(held, r.takeFollowed(&followed, 0)...)
+			items := append(held, r.takeFollowed(&follow, 0)...)
 			held = nil
 			k := 0
 			for k < len(items) && !next.touches(items[k].Partition) {
@@ -262,7 +262,7 @@ func (r *Runner) committer(followed <-chan changelog.Item) {
 			held = nil
 			continue
 		}
-		if commits == nil && followed == nil {
+		if commits == nil && follow == nil {
 			return
 		}
 		select {
@@ -272,29 +272,37 @@ func (r *Runner) committer(followed <-chan changelog.Item) {
 				continue
 			}
 			next = r.launch(append([]*commitReq{req}, r.gather(&commits, req)...))
-		case item, ok := <-followed:
+		case it, ok := <-follow:
 			if !ok {
-				followed = nil
+				follow = nil
 				continue
 			}
-			r.applyFollowed(append([]changelog.Item{item}, r.takeFollowed(&followed, 511)...))
+			var items []changelog.Item
+			if r.follower.current(it) {
+				items = append(items, it.Item)
+			}
+			if items = append(items, r.takeFollowed(&follow, 511)...); len(items) > 0 {
+				r.applyFollowed(items)
+			}
 		}
 	}
 }
 
-// takeFollowed takes the items waiting in *followed, without waiting, at
-// most limit of them (0: no limit). It sets *followed to nil when the
-// channel is closed.
-func (r *Runner) takeFollowed(followed *<-chan changelog.Item, limit int) []changelog.Item {
+// takeFollowed takes the items waiting in *follow, without waiting, at most
+// limit of them (0: no limit), dropping those read before the follower's
+// last retry. It sets *follow to nil when the channel is closed.
+func (r *Runner) takeFollowed(follow *<-chan followed, limit int) []changelog.Item {
 	var items []changelog.Item
-	for *followed != nil && (limit == 0 || len(items) < limit) {
+	for *follow != nil && (limit == 0 || len(items) < limit) {
 		select {
-		case x, ok := <-*followed:
+		case it, ok := <-*follow:
 			if !ok {
-				*followed = nil
+				*follow = nil
 				return items
 			}
-			items = append(items, x)
+			if r.follower.current(it) {
+				items = append(items, it.Item)
+			}
 		default:
 			return items
 		}

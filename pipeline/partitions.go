@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -481,14 +482,27 @@ func (r *Runner) check(ctx context.Context) error {
 // failures (and when the committer asks, after it failed to apply).
 type follower struct {
 	r   *Runner
-	out chan changelog.Item
+	out chan followed
+	// gen counts the times the committer asked to read again (retry):
+	// what an earlier run sent and nobody read yet is stale then, and the
+	// committer drops it (taken after a retry, its records would be
+	// applied ahead of the ones the retry reads again, which would then
+	// look applied; seen as a partition missing one record).
+	gen atomic.Uint64
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
 }
 
+// followed is a changelog item with the generation of the follower run
+// that read it.
+type followed struct {
+	changelog.Item
+	gen uint64
+}
+
 func newFollower(r *Runner) *follower {
-	return &follower{r: r, out: make(chan changelog.Item, 1024)}
+	return &follower{r: r, out: make(chan followed, 1024)}
 }
 
 func (f *follower) run(ctx context.Context) {
@@ -499,8 +513,23 @@ func (f *follower) run(ctx context.Context) {
 		f.mu.Lock()
 		f.cancel = cancel
 		f.mu.Unlock()
+		gen := f.gen.Load()
 		from := f.r.log.safeCursor() + 1
-		err := changelog.FollowLive(fctx, f.r.JS, from, f.r.log.has, f.out)
+		items := make(chan changelog.Item)
+		forwarded := make(chan struct{})
+		go func() {
+			defer close(forwarded)
+			for it := range items {
+				select {
+				case f.out <- followed{it, gen}:
+				case <-fctx.Done():
+					return // stale now, or stopping
+				}
+			}
+		}()
+		err := changelog.FollowLive(fctx, f.r.JS, from, f.r.log.has, items)
+		close(items)
+		<-forwarded // the next run's items come after this one's
 		restarted := fctx.Err() != nil && ctx.Err() == nil
 		cancel()
 		if ctx.Err() != nil {
@@ -519,10 +548,15 @@ func (f *follower) run(ctx context.Context) {
 	}
 }
 
-// retry makes the follower read again from the cursor.
+// current tells whether it was read after the last retry.
+func (f *follower) current(it followed) bool { return it.gen == f.gen.Load() }
+
+// retry makes the follower read again from the cursor; what it sent
+// before is dropped.
 func (f *follower) retry() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.gen.Add(1)
 	if f.cancel != nil {
 		f.cancel()
 	}
