@@ -422,7 +422,8 @@ func (r *Runner) launch(reqs []*commitReq) *round {
 		}
 		data, err := changelog.Encode(changelog.Record{Partition: b.partition, At: rd.at, Entries: b.entries})
 		if err != nil {
-			// What the record cannot encode, the store refuses: as before.
+			// What a record cannot encode, the store would refuse too:
+			// its requests are committed again, each alone.
 			b.refusal = err
 			rd.refused = append(rd.refused, b)
 			continue

@@ -445,8 +445,9 @@ func (r *Runner) prepare(ctx context.Context, batch []*job) ([]store.Entry, erro
 	}
 	// Encode here, on the worker, what the committer would otherwise encode
 	// on its one goroutine, twice (for SQLite and for the changelog record).
-	// An entry that cannot be encoded is left as it is: the store refuses
-	// it in the commit, which deals with it as before.
+	// An entry that cannot be encoded is left unencoded: the commit refuses
+	// its batch, commits the other requests alone, and the worker's
+	// retries end in a poison rejection.
 	for i := range entries {
 		if e := &entries[i]; e.Changes != nil && e.Encoded == nil {
 			if enc, err := store.EncodeChanges(*e); err == nil {
