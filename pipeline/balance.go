@@ -14,9 +14,47 @@ import (
 	"github.com/ctxpipe/ctxpipe/bus"
 )
 
-// Members tells which instances are running (InstanceLock implements it).
+// Members tells which instances are running and may own partitions
+// (InstanceLock implements it).
 type Members interface {
 	Live(ctx context.Context) ([]string, error)
+	// CaughtUp tells the others that this instance's follower has reached
+	// the end the changelog had when it started: it may own partitions.
+	CaughtUp()
+}
+
+// catchUp waits until the follower has reached the end CTX_STATE had when
+// the runner started (at most CatchUpTimeout), then lets this instance own
+// partitions: a restarted instance that took its partitions back at once
+// could only retry its inputs (fenced) until it had caught up, while the
+// others could have applied them.
+func (r *Runner) catchUp(ctx context.Context) {
+	t0 := time.Now()
+	var last uint64
+	err := bus.RetryStart(ctx, r.Log, "read "+bus.StreamState, func(ctx context.Context) error {
+		s, err := r.JS.Stream(ctx, bus.StreamState)
+		if err == nil {
+			last = s.CachedInfo().State.LastSeq
+		}
+		return err
+	})
+	if err == nil {
+		wctx, cancel := context.WithTimeout(ctx, r.cfg.CatchUpTimeout)
+		err = r.log.waitCursor(wctx, last)
+		cancel()
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		r.Log.Warn("not caught up with the changelog; taking partitions anyway", "changelog_last", last, "cursor", r.Cursor(), "err", err)
+	} else {
+		r.Log.Info("caught up with the changelog", "changelog_last", last, "took", time.Since(t0).Round(time.Millisecond))
+	}
+	r.caughtUp.Store(true)
+	if r.Members != nil {
+		r.Members.CaughtUp()
+	}
 }
 
 // Preferred is the instance that should own partition p among members:
@@ -105,7 +143,10 @@ func (s *partState) waitWanted(ctx context.Context) bool {
 // refreshed every second), the next preferred instance starts pulling, and
 // the server moves the pin once the dead one's lapsed (PinnedTTL).
 func (r *Runner) assign(live []string) {
-	if !slices.Contains(live, r.cfg.Name) {
+	// Live leaves out the instances still catching up with the changelog,
+	// this one included: it takes no partition from the others before it
+	// has, but when nobody else runs, somebody must pull.
+	if !slices.Contains(live, r.cfg.Name) && (r.caughtUp.Load() || len(live) == 0) {
 		live = append(live, r.cfg.Name)
 	}
 	for p := range r.parts {

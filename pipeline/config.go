@@ -52,6 +52,10 @@ type Config struct {
 	// prefer every RebalanceEvery.
 	Name           string
 	RebalanceEvery time.Duration
+	// CatchUpTimeout bounds how long a starting instance leaves the
+	// partitions to the others while its follower catches up with the
+	// changelog (with others running; alone, it pulls at once).
+	CatchUpTimeout time.Duration
 	// MaxLogPiece bounds one changelog message (default: the connection's
 	// max payload): a record over it is cut into pieces.
 	MaxLogPiece int
@@ -75,6 +79,7 @@ func DefaultConfig() Config {
 		PullExpiry:      time.Second,
 		PinnedTTL:       3 * time.Second,
 		RebalanceEvery:  time.Second,
+		CatchUpTimeout:  2 * time.Minute,
 		ProbeInterval:   2 * time.Second,
 	}
 }
@@ -98,6 +103,7 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.PullExpiry, d.PullExpiry)
 	orDefault(&c.PinnedTTL, d.PinnedTTL)
 	orDefault(&c.RebalanceEvery, d.RebalanceEvery)
+	orDefault(&c.CatchUpTimeout, d.CatchUpTimeout)
 	orDefault(&c.ProbeInterval, d.ProbeInterval)
 	return c
 }

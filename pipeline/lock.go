@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,8 +30,9 @@ const (
 )
 
 // Live lists the names of the instances whose lock was refreshed within
-// liveWithin: the ones running now. A killed instance drops out of it within
-// seconds, long before its lock lapses.
+// liveWithin and which are not catching up: the ones that may own
+// partitions now. A killed instance drops out of it within seconds, long
+// before its lock lapses.
 func (l *InstanceLock) Live(ctx context.Context) ([]string, error) {
 	lister, err := l.kv.ListKeys(ctx, jetstream.MetaOnly())
 	if err != nil {
@@ -47,7 +49,8 @@ func (l *InstanceLock) Live(ctx context.Context) ([]string, error) {
 		if err != nil {
 			continue // deleted meanwhile
 		}
-		if time.Since(e.Created()) <= liveWithin {
+		var h Holder
+		if time.Since(e.Created()) <= liveWithin && json.Unmarshal(e.Value(), &h) == nil && !h.CatchingUp {
 			names = append(names, name)
 		}
 	}
@@ -66,6 +69,11 @@ type Holder struct {
 	DataDir string `json:"data_dir"`
 	PID     int    `json:"pid"`
 	Since   string `json:"since"`
+	// CatchingUp is set while the instance's follower has not yet reached
+	// the end CTX_STATE had when it started (CaughtUp clears it): the
+	// others leave it out of the partitions' owners meanwhile, since it
+	// could apply nothing of a partition before it has caught up.
+	CatchingUp bool `json:"catching_up,omitempty"`
 }
 
 func (h Holder) same(o Holder) bool { return h.Host == o.Host && h.DataDir == o.DataDir }
@@ -78,9 +86,26 @@ func (h Holder) same(o Holder) bool { return h.Host == o.Host && h.DataDir == o.
 type InstanceLock struct {
 	kv       jetstream.KeyValue
 	key      string
-	me       Holder
 	revision uint64
 	log      *slog.Logger
+
+	mu sync.Mutex
+	me Holder
+}
+
+// CaughtUp tells the other instances, from the next refresh on, that this
+// one may own partitions.
+func (l *InstanceLock) CaughtUp() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.me.CatchingUp = false
+}
+
+func (l *InstanceLock) value() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	val, _ := json.Marshal(l.me)
+	return val
 }
 
 // AcquireLock takes the lock for the instance name, or returns an error
@@ -108,7 +133,7 @@ func AcquireLock(ctx context.Context, js jetstream.JetStream, name string, me Ho
 	if me.Since == "" {
 		l.me.Since = time.Now().UTC().Format(time.RFC3339)
 	}
-	val, _ := json.Marshal(l.me)
+	val := l.value()
 	rev, err := kv.Create(ctx, l.key, val)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		e, gerr := kv.Get(ctx, l.key)
@@ -151,7 +176,7 @@ func (l *InstanceLock) Hold(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		val, _ := json.Marshal(l.me)
+		val := l.value()
 		uctx, cancel := context.WithTimeout(ctx, lockTTL/3)
 		rev, err := l.kv.Update(uctx, l.key, val, l.revision)
 		cancel()

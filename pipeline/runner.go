@@ -56,7 +56,11 @@ type Runner struct {
 	follower   *follower
 	// failing counts the partitions whose consumer is being rebuilt.
 	failing atomic.Int64
-	parts   []partState // per partition
+	// caughtUp is set once the follower reached the changelog's end as of
+	// the start (catchUp): from then on this instance may own partitions
+	// while others run.
+	caughtUp atomic.Bool
+	parts    []partState // per partition
 
 	heldMu    sync.Mutex
 	held      map[*job]struct{}
@@ -167,6 +171,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer stopFollowing()
 	r.follower = newFollower(r)
 	go r.follower.run(followCtx)
+	go r.catchUp(followCtx)
 	var workers, committer sync.WaitGroup
 	for range r.cfg.Lanes {
 		workers.Add(1)

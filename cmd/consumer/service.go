@@ -308,7 +308,7 @@ func (m *Main) lock(ctx context.Context, js jetstream.JetStream, runCtx context.
 	var l *pipeline.InstanceLock
 	backoff := 250 * time.Millisecond
 	for start := time.Now(); ; {
-		l, err = pipeline.AcquireLock(ctx, js, m.Config.Name, pipeline.Holder{Host: host, DataDir: dir, PID: os.Getpid()}, m.Config.Replicas, m.Log)
+		l, err = pipeline.AcquireLock(ctx, js, m.Config.Name, pipeline.Holder{Host: host, DataDir: dir, PID: os.Getpid(), CatchingUp: true}, m.Config.Replicas, m.Log)
 		if err == nil {
 			break
 		}
