@@ -76,7 +76,9 @@ type logState struct {
 	// and the fence moved with it.
 	foreign []uint64
 	// own holds, per partition, the last record this instance appended
-	// and is committing: the follower must not fetch it back meanwhile.
+	// and has not committed yet (the round committing, or the next one,
+	// already appending): the follower must not fetch it back meanwhile,
+	// and the next round's append is fenced after it.
 	// inflight marks the partitions this instance is appending to, whose
 	// new sequence it does not know yet: the follower may see the message
 	// before the append returns. A message of another writer skipped
