@@ -249,7 +249,7 @@ func (r *Runner) committer(follow <-chan followed) {
 			items := append(held, r.takeFollowed(&follow, 0)...)
 			held = nil
 			k := 0
-			for k < len(items) && !next.touches(items[k].Partition) {
+			for k < len(items) && !r.waits(next, items[k]) {
 				k++
 			}
 			if k > 0 && r.applyFollowed(items[:k]) {
@@ -364,6 +364,21 @@ type round struct {
 	// records precede its own in the log, could not be committed.
 	doomed error
 	cancel context.CancelFunc
+}
+
+// waits tells whether a followed item must wait until the pending round
+// next is committed: a record, or a piece of one, of a partition next
+// appends to (applied now, it would come before next's own record, which
+// precedes it in the log), or a message of such a partition this store does
+// not reflect yet (next's own record, skipped as held, or one skipped while
+// next appended). What this store already reflects goes through: on a
+// single instance that is every round's own record, seen while the next
+// round is pending.
+func (r *Runner) waits(next *round, it changelog.Item) bool {
+	if !next.touches(it.Partition) {
+		return false
+	}
+	return it.Record != nil || it.Piece || it.Seq > r.log.applied[it.Partition]
 }
 
 // touches tells whether the round appends to partition p.
