@@ -21,20 +21,6 @@ import (
 	"github.com/ctxpipe/ctxpipe/tokens"
 )
 
-// storeHistory serves the engine from the store, as the pipeline does.
-type storeHistory struct {
-	s    *store.Store
-	conv string
-}
-
-func (h storeHistory) Messages(ctx context.Context) ([]schema.Message, error) {
-	return h.s.Messages(ctx, h.conv)
-}
-
-func (h storeHistory) ContextEvents(ctx context.Context) ([]schema.ContextEventRef, error) {
-	return h.s.ContextEvents(ctx, h.conv)
-}
-
 // realRecords runs two real agent runs (one under a tenant) through the
 // engine, with a context window small enough for condenses, maskings and
 // truncations, a manual condense, a pin and a rewind, plus rejected inputs
@@ -107,7 +93,7 @@ func realRecords(t *testing.T, live *store.Store) []changelog.Record {
 		if conv != convs[0] {
 			p = &profiles[1]
 		}
-		ch, err := eng.Apply(ctx, st, storeHistory{live, conv}, p, in)
+		ch, err := eng.Apply(ctx, st, live.Conversation(conv), p, in)
 		if err != nil {
 			t.Fatalf("%s %s: %v", conv, kind, err)
 		}

@@ -16,20 +16,6 @@ import (
 	"github.com/ctxpipe/ctxpipe/tokens"
 )
 
-// storeHistory serves the engine from the store, as the pipeline does.
-type storeHistory struct {
-	s    *store.Store
-	conv string
-}
-
-func (h storeHistory) Messages(ctx context.Context) ([]schema.Message, error) {
-	return h.s.Messages(ctx, h.conv)
-}
-
-func (h storeHistory) ContextEvents(ctx context.Context) ([]schema.ContextEventRef, error) {
-	return h.s.ContextEvents(ctx, h.conv)
-}
-
 // Maskings, pins and the condenses that follow them commit through
 // store.Commit as generic inserts and tag changes: the stored history, the
 // store's visible-messages query and a rewind agree with the in-memory
@@ -84,7 +70,7 @@ func TestMaskingCommitsThroughTheStore(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch, err := eng.Apply(ctx, st, storeHistory{s, conv}, &p, in)
+		ch, err := eng.Apply(ctx, st, s.Conversation(conv), &p, in)
 		if err != nil {
 			t.Fatalf("input %d: %v", n, err)
 		}

@@ -772,12 +772,18 @@ func (rc *rawConn) bind(args []any) ([]driver.NamedValue, error) {
 	return rc.args, nil
 }
 
-func (rc *rawConn) exec(ctx context.Context, q string, args []any) (sql.Result, error) {
+// prepared is q's statement with args bound.
+func (rc *rawConn) prepared(q string, args []any) (driver.Stmt, []driver.NamedValue, error) {
 	st, err := rc.stmt(q)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	nv, err := rc.bind(args)
+	return st, nv, err
+}
+
+func (rc *rawConn) exec(ctx context.Context, q string, args []any) (sql.Result, error) {
+	st, nv, err := rc.prepared(q, args)
 	if err != nil {
 		return nil, err
 	}
@@ -785,11 +791,7 @@ func (rc *rawConn) exec(ctx context.Context, q string, args []any) (sql.Result, 
 }
 
 func (rc *rawConn) queryRow(ctx context.Context, q string, args []any) (row, error) {
-	st, err := rc.stmt(q)
-	if err != nil {
-		return nil, err
-	}
-	nv, err := rc.bind(args)
+	st, nv, err := rc.prepared(q, args)
 	if err != nil {
 		return nil, err
 	}

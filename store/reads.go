@@ -460,6 +460,28 @@ func scanMessages(ctx context.Context, q querier, c *messageCache, conv, query s
 	return out, bodies, nil
 }
 
+// Conversation is one conversation's stored history as the engine reads
+// it (stages.History): what a test or a tool decides against when it runs
+// the engine straight on a store.
+type Conversation struct {
+	s  *Store
+	id string
+}
+
+// Conversation returns conversation id's history view.
+func (s *Store) Conversation(id string) Conversation { return Conversation{s, id} }
+
+// Messages are the conversation's stored messages (Store.Messages).
+func (c Conversation) Messages(ctx context.Context) ([]schema.Message, error) {
+	return c.s.Messages(ctx, c.id)
+}
+
+// ContextEvents are its condenses and truncations a rewind may undo
+// (Store.ContextEvents).
+func (c Conversation) ContextEvents(ctx context.Context) ([]schema.ContextEventRef, error) {
+	return c.s.ContextEvents(ctx, c.id)
+}
+
 // ContextEvents returns the conversation's condense_context and
 // sliding_window_truncation events as references, in ts order (commit order
 // among equal ts).
