@@ -452,7 +452,18 @@ func TestNATSConfPermissions(t *testing.T) {
 				_, err := agent.js.Stream(ctx, bus.StreamIn)
 				return err
 			})
-			for _, s := range []string{"ctx.events.>", "ctx.progress.>", "ctx.in.>", "ctx.q.>", ">",
+			// The changelog holds every tenant's inputs and history: no
+			// tenant writes a record into it or reads one out of it.
+			agent.publishRefused(t, bus.StateSubject(0))
+			agent.refused(t, "$JS.API.DIRECT.GET.CTX_STATE", func(ctx context.Context) error {
+				_, err := agent.js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET.CTX_STATE", []byte(`{"seq":1}`))
+				return err
+			})
+			agent.refused(t, "$JS.API.CONSUMER.CREATE.CTX_STATE", func(ctx context.Context) error {
+				_, err := agent.js.OrderedConsumer(ctx, bus.StreamState, jetstream.OrderedConsumerConfig{})
+				return err
+			})
+			for _, s := range []string{"ctx.events.>", "ctx.progress.>", "ctx.in.>", "ctx.q.>", "ctx.state.>", ">",
 				"_INBOX.>", "_INBOX_" + tn + "-ui.>", "_INBOX_" + ot + "-agent.>", "_INBOX_ctxpipe.>"} {
 				agent.subscribeRefused(t, s)
 			}
@@ -514,7 +525,12 @@ func TestNATSConfPermissions(t *testing.T) {
 			ui.refused(t, "$JS.API.CONSUMER.DELETE.CTX_IN."+bus.ConsumerName, func(ctx context.Context) error {
 				return ui.js.DeleteConsumer(ctx, bus.StreamIn, bus.ConsumerName)
 			})
-			for _, s := range []string{"ctx.in.>", "ctx.q.>", "_INBOX.>", "_INBOX_" + tn + "-agent.>", "_INBOX_" + ot + "-ui.>"} {
+			ui.publishRefused(t, bus.StateSubject(bus.DefaultPartitions))
+			ui.refused(t, "$JS.API.CONSUMER.CREATE.CTX_STATE", func(ctx context.Context) error {
+				_, err := ui.js.OrderedConsumer(ctx, bus.StreamState, jetstream.OrderedConsumerConfig{})
+				return err
+			})
+			for _, s := range []string{"ctx.in.>", "ctx.q.>", "ctx.state.>", "_INBOX.>", "_INBOX_" + tn + "-agent.>", "_INBOX_" + ot + "-ui.>"} {
 				ui.subscribeRefused(t, s)
 			}
 		})
