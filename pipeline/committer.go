@@ -665,9 +665,10 @@ func (r *Runner) begin(ctx context.Context, at int64, batches []*partitionBatch)
 // Inputs count as this instance's (ctxpipe_inputs_total) when it applied
 // them; the changes of other writers' records count apart.
 func (r *Runner) committed(entries []store.Entry, results []store.Result, own bool) {
-	ids := make([]string, len(entries))
+	ids, outs := make([]string, len(entries)), make([]outcome, len(entries))
 	for i, e := range entries {
 		ids[i] = e.Input.ID
+		outs[i] = outcome{conv: e.Input.ConversationID, status: e.Input.Status, reason: e.Input.Reason, known: !results[i].Duplicate}
 		if !own {
 			if !results[i].Duplicate {
 				r.Metrics.Inc("ctxpipe_changelog_changes_total", "")
@@ -689,7 +690,7 @@ func (r *Runner) committed(entries []store.Entry, results []store.Result, own bo
 			}
 		}
 	}
-	r.waiters.done(ids)
+	r.waiters.done(ids, outs)
 }
 
 // applyFollowed commits the records other writers appended (and moves the

@@ -359,3 +359,51 @@ func TestLookupReadsProfilesTheWatchMissed(t *testing.T) {
 		t.Fatalf("ids %v", ids)
 	}
 }
+
+// A wait_for that is waiting when its input commits is answered by the
+// commit itself: an applied turn with the history holding it, a rejected
+// one with input_rejected, and an id committed in another conversation not
+// at all (the wait runs out).
+func TestWaitForIsAnsweredByTheCommit(t *testing.T) {
+	h := start(t)
+	const conv = "waiting"
+	h.history(conv, schema.ViewFull, h.turn(conv, schema.RoleUser, 5).ID)
+	ask := func(conv, id string, timeout time.Duration) <-chan string {
+		out := make(chan string, 1)
+		req, _ := json.Marshal(schema.HistoryRequest{ConversationID: conv, WaitFor: id, TimeoutMS: timeout.Milliseconds()})
+		go func() {
+			msg, err := h.nc.Request(schema.SubjectHistory, req, timeout+5*time.Second)
+			if err != nil {
+				out <- "request failed: " + err.Error()
+				return
+			}
+			out <- string(msg.Data)
+		}()
+		return out
+	}
+	good := schema.Turn{ID: uuid.NewString(), ConversationID: conv, TS: h.nextTS(), Role: schema.RoleAssistant,
+		Content: schema.TextContent("the answer")}
+	bad := uuid.NewString()
+	other := schema.Turn{ID: uuid.NewString(), ConversationID: "elsewhere", TS: h.nextTS(), Role: schema.RoleUser,
+		Content: schema.TextContent("not this conversation's")}
+	goodReply, badReply, otherReply := ask(conv, good.ID, 10*time.Second), ask(conv, bad, 10*time.Second),
+		ask(conv, other.ID, 1500*time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // the three are waiting before anything is published
+
+	h.publish(schema.InputSubject(conv, schema.KindTurn), good.ID, good)
+	h.publishRaw(schema.InputSubject(conv, schema.KindTurn), bad,
+		[]byte(`{"id":"`+bad+`","conversation_id":"`+conv+`","ts":1,"role":"robot","content":"x"}`))
+	h.publish(schema.InputSubject(other.ConversationID, schema.KindTurn), other.ID, other)
+
+	var rep schema.HistoryReply
+	if data := <-goodReply; schema.DecodeQueryReply([]byte(data), &rep) != nil ||
+		len(rep.Messages) != 2 || rep.Messages[1].ID != good.ID {
+		t.Fatalf("wait_for an applied turn: %s", data)
+	}
+	if data := <-badReply; !strings.Contains(data, string(pipeline.QueryInputRejected)) {
+		t.Fatalf("wait_for a rejected turn: %s", data)
+	}
+	if data := <-otherReply; !strings.Contains(data, `"`+string(schema.QueryTimeout)+`"`) {
+		t.Fatalf("wait_for an id committed in another conversation: %s", data)
+	}
+}

@@ -420,28 +420,34 @@ func encodeHistory(conv string, view schema.View, page historyPage, bodies map[s
 // another conversation does not count: an agent is never told its turn is
 // there when it is not. The wait holds no store-read slot.
 func (r *Runner) waitFor(ctx context.Context, conv, id string, timeout time.Duration) error {
+	answer := func(status store.Status, reason string) error {
+		if status == store.StatusRejected {
+			return schema.QueryErrorf(QueryInputRejected, "input %s was rejected: %s", id, reason)
+		}
+		return nil
+	}
 	check := func() (bool, error) {
 		defer readSlot(ctx)()
 		status, reason, found, err := r.Store.InputStatusIn(ctx, conv, id)
 		if err != nil || !found {
 			return false, err
 		}
-		if status == store.StatusRejected {
-			return true, schema.QueryErrorf(QueryInputRejected, "input %s was rejected: %s", id, reason)
-		}
-		return true, nil
-	}
-	if ok, err := check(); ok || err != nil {
-		return err
+		return true, answer(status, reason)
 	}
 	release, ok := waitSlot(ctx)
 	if !ok {
+		// No room to wait: answer only what the store holds already.
+		if ok, err := check(); ok || err != nil {
+			return err
+		}
 		return schema.QueryErrorf(schema.QueryTimeout, "too many waits pending; input %s was not awaited", id)
 	}
 	defer release()
+	// Registered before the store is read, so a commit landing in between
+	// is not missed; the store is read once, for an input committed before
+	// this request came.
 	ch, cancel := r.waiters.wait(id)
 	defer func() { cancel() }()
-	// Checked again after registering: the commit may have landed between.
 	if ok, err := check(); ok || err != nil {
 		return err
 	}
@@ -449,14 +455,23 @@ func (r *Runner) waitFor(ctx context.Context, conv, id string, timeout time.Dura
 	defer t.Stop()
 	for {
 		select {
-		case <-ch:
-			if ok, err := check(); ok || err != nil {
-				return err
+		case o := <-ch:
+			switch {
+			case o.known && o.conv == conv:
+				return answer(o.status, o.reason)
+			case !o.known:
+				// A redelivery found stored already: the store says where.
+				if ok, err := check(); ok || err != nil {
+					return err
+				}
 			}
 			// The id was committed elsewhere (another conversation's input
 			// reusing it is rejected there): keep waiting for ours.
 			cancel()
 			ch, cancel = r.waiters.wait(id)
+			if ok, err := check(); ok || err != nil {
+				return err
+			}
 		case <-t.C:
 			return schema.QueryErrorf(schema.QueryTimeout, "input %s was not applied within %v", id, timeout)
 		case <-ctx.Done():

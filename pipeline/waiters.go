@@ -1,18 +1,35 @@
 package pipeline
 
-import "sync"
+import (
+	"sync"
 
-// waiters lets a history query wait until an input id is committed (wait_for).
-type waiters struct {
-	mu sync.Mutex
-	m  map[string][]chan struct{}
+	"github.com/ctxpipe/ctxpipe/store"
+)
+
+// outcome is what a commit stored for an input id: where, and whether it
+// was applied or rejected. known is false when the commit found the id
+// stored already (a duplicate): what it holds then is the store's to say.
+type outcome struct {
+	conv   string // the conversation's key
+	status store.Status
+	reason string
+	known  bool
 }
 
-func newWaiters() *waiters { return &waiters{m: map[string][]chan struct{}{}} }
+// waiters lets a history query wait until an input id is committed
+// (wait_for). A waiter gets the commit's outcome, so that it need not read
+// the store again to learn it.
+type waiters struct {
+	mu sync.Mutex
+	m  map[string][]chan outcome
+}
 
-// wait returns a channel closed when id is committed, and a cancel func.
-func (w *waiters) wait(id string) (<-chan struct{}, func()) {
-	ch := make(chan struct{})
+func newWaiters() *waiters { return &waiters{m: map[string][]chan outcome{}} }
+
+// wait returns a channel that receives id's outcome when it is committed,
+// and a cancel func.
+func (w *waiters) wait(id string) (<-chan outcome, func()) {
+	ch := make(chan outcome, 1)
 	w.mu.Lock()
 	w.m[id] = append(w.m[id], ch)
 	w.mu.Unlock()
@@ -32,16 +49,16 @@ func (w *waiters) wait(id string) (<-chan struct{}, func()) {
 	}
 }
 
-// done wakes every waiter of the ids.
-func (w *waiters) done(ids []string) {
+// done hands every waiter of the ids their outcome (outs[i] is ids[i]'s).
+func (w *waiters) done(ids []string, outs []outcome) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.m) == 0 {
 		return
 	}
-	for _, id := range ids {
+	for i, id := range ids {
 		for _, ch := range w.m[id] {
-			close(ch)
+			ch <- outs[i] // buffered, and each channel is sent to once
 		}
 		delete(w.m, id)
 	}

@@ -147,7 +147,11 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	}
 	// The reader opens after the writer has created the file and switched it
 	// to WAL: mode=ro cannot create either.
-	r, err := sql.Open("sqlite3", dsn(abs, "mode=ro&_foreign_keys=on&_busy_timeout="+busy))
+	// Each reader connection keeps the statements it prepared: the hot
+	// queries (an agent's history read after every turn, its wait_for) are
+	// a handful of fixed texts, and preparing one cost about as much as
+	// running it.
+	r, err := sql.Open("sqlite3", dsn(abs, "mode=ro&_foreign_keys=on&_stmt_cache_size=32&_busy_timeout="+busy))
 	if err != nil {
 		w.Close()
 		return nil, fmt.Errorf("open store %s: read pool: %w", abs, err)
