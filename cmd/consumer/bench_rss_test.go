@@ -19,15 +19,17 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
+	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
 // BenchmarkServiceRSS is issue 9's goal 6 with the broker out of the
 // picture: the service runs as its own process (the binary) against a
-// JetStream server in the test process; 96 turns of 4 MiB (384 MiB) across
-// 24 conversations are in CTX_IN when it starts, and the figure is the
+// JetStream server in the test process; 24 turns of 4 MiB (96 MiB) across
+// 12 conversations are in CTX_IN when it starts, and the figure is the
 // service process's peak RSS (VmHWM) once it has applied them all, beside
-// --max-held-bytes, the bound on fetched and unacked payloads.
+// --max-held-bytes, the bound on fetched and unacked payloads, and the Go
+// memory limit the service derives from it (memory.go).
 func BenchmarkServiceRSS(b *testing.B) {
 	if _, err := os.Stat("/proc/self/status"); err != nil {
 		b.Skip("needs Linux /proc to read the peak RSS")
@@ -104,6 +106,9 @@ func BenchmarkServiceRSS(b *testing.B) {
 				b.ReportMetric(float64(n)/elapsed.Seconds(), "turns/s")
 				b.ReportMetric(float64(peak)/(1<<20), "peak-RSS-MiB")
 				b.ReportMetric(float64(held>>20), "held-bound-MiB")
+				// The soft limit the service derived from the held bound.
+				limit, _ := memoryLimit(Config{Pipeline: pipeline.Config{MaxHeldBytes: held}}, func(string) string { return "" })
+				b.ReportMetric(float64(limit>>20), "memory-limit-MiB")
 			}
 		})
 	}

@@ -21,6 +21,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
 		os.Exit(2)
 	}
+	limit, source := applyMemoryLimit(m.Config)
+	m.MemoryLimit = mib(limit) + " (" + source + ")"
 	if m.Config.Rebuild {
 		if err := m.RebuildDB(ctx, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "consumer: rebuild:", err)

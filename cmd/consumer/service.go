@@ -58,10 +58,13 @@ type Config struct {
 	Name       string
 	// Rebuild, when set, rebuilds the SQLite file from CTX_STATE, proves it
 	// identical to the current one and exits instead of serving.
-	Rebuild  bool
-	NATS     bus.ConnConfig
-	Globals  schema.Globals
-	Pipeline pipeline.Config
+	Rebuild bool
+	// MemoryLimit is the Go runtime's soft memory limit in bytes (0: as
+	// memoryLimit derives it; negative: none). main applies it.
+	MemoryLimit int64
+	NATS        bus.ConnConfig
+	Globals     schema.Globals
+	Pipeline    pipeline.Config
 }
 
 // DefaultConfig runs everything embedded under ./data.
@@ -84,6 +87,9 @@ func DefaultConfig() Config {
 type Main struct {
 	Config Config
 	Log    *slog.Logger
+	// MemoryLimit says, for the start log, what main set the runtime's
+	// memory limit to and why ("" when it set none).
+	MemoryLimit string
 
 	ns          *server.Server
 	nc          *nats.Conn
@@ -129,6 +135,7 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.IntVar(&c.Pipeline.Lanes, "lanes", c.Pipeline.Lanes, "conversations applied at once")
 	fs.DurationVar(&c.Pipeline.AckWait, "ack-wait", c.Pipeline.AckWait, "JetStream ack wait (in-progress acks every third of it)")
 	fs.IntVar(&c.Pipeline.MaxHeldBytes, "max-held-bytes", c.Pipeline.MaxHeldBytes, "payload bytes fetched and not yet acked, at most; past it fetching waits (the main term of the memory bound)")
+	fs.Int64Var(&c.MemoryLimit, "memory-limit", c.MemoryLimit, "soft limit of the process's Go heap, in bytes (0: --max-held-bytes + 256 MiB, or GOMEMLIMIT when set; -1: none)")
 	fs.IntVar(&c.Pipeline.MaxDeliver, "max-deliver", c.Pipeline.MaxDeliver, "deliveries before an input is rejected as poison")
 	fs.DurationVar(&c.Pipeline.ShutdownTimeout, "shutdown-timeout", c.Pipeline.ShutdownTimeout, "how long a graceful stop may take")
 	c.NATS.RegisterFlags(fs)
@@ -295,7 +302,7 @@ func (m *Main) Run(ctx context.Context) error {
 		endpoint = strings.TrimSpace(llmCfg.BaseURL + " " + llmCfg.Model)
 	}
 	log.Info("ctxpipe running", "nats", m.nc.ConnectedUrlRedacted(), "db", dbPath, "http", c.HTTP,
-		"profiles", len(profiles.IDs()), "condenser", endpoint)
+		"profiles", len(profiles.IDs()), "condenser", endpoint, "memory_limit", m.MemoryLimit)
 	return nil
 }
 
