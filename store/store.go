@@ -117,7 +117,9 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	busy := strconv.FormatInt(cfg.busyTimeout.Milliseconds(), 10)
 	// _txlock=immediate: every write transaction takes the write lock at
 	// BEGIN, so it can never fail later on a read-to-write upgrade.
-	w, err := sql.Open("sqlite3", dsn(abs, "_journal_mode=WAL&_synchronous=FULL&_foreign_keys=on&_txlock=immediate&_busy_timeout="+busy))
+	// _stmt_cache_size: the committer's statements are prepared once, not
+	// in every transaction (commit.go).
+	w, err := sql.Open("sqlite3", dsn(abs, "_journal_mode=WAL&_synchronous=FULL&_foreign_keys=on&_txlock=immediate&_stmt_cache_size=64&_busy_timeout="+busy))
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", abs, err)
 	}
