@@ -365,7 +365,8 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 }
 
 func (r *Runner) dispatch(p int, msg jetstream.Msg) {
-	j := &job{msg: msg, partition: p, touched: time.Now()}
+	now := time.Now()
+	j := &job{msg: msg, partition: p, touched: now, fetched: now}
 	if md, err := msg.Metadata(); err == nil {
 		j.seq, j.deliver = md.Sequence.Stream, md.NumDelivered
 		if j.deliver > 1 {

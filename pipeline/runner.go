@@ -77,6 +77,7 @@ type job struct {
 	seq       uint64 // stream sequence: the id of last resort
 	deliver   uint64 // delivery count
 	touched   time.Time
+	fetched   time.Time // when it came from CTX_IN, for the latency stages
 
 	hashed bool
 	hash   [32]byte // of the payload, once computed (payloadHash)
@@ -126,6 +127,7 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	r.Metrics.Help("ctxpipe_changelog_applied_total", "Changelog records of other writers (or of this instance before a crash) applied to this instance's SQLite.")
 	r.Metrics.Help("ctxpipe_changelog_changes_total", "Inputs' changes applied from those records (not counted in ctxpipe_inputs_total).")
 	r.Metrics.Help("ctxpipe_changelog_unreadable_total", "Changelog messages or records skipped because they could not be read or applied.")
+	r.Metrics.Help("ctxpipe_input_stage_seconds", "Where committed inputs spent their time, summed per input: delivery (stored in CTX_IN, by the server's clock, to fetched here), queued (fetched to taken by a worker), prepare (the engine), commit (the commit round, fsync included).")
 	r.Metrics.Help("ctxpipe_partition_terms_total", "Partitions this instance took (a new pin: catch up, replay the unacked inputs).")
 	r.Metrics.Gauge("ctxpipe_partitions_owned", "Partitions this instance received inputs for, under its pin, in the last 30 s.", func(context.Context) (float64, error) {
 		return float64(r.Owned()), nil
@@ -310,11 +312,14 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 	for {
 		p := batch[0].partition
 		seen := r.log.foreignMark(p)
+		t0 := time.Now()
 		entries, err := r.prepare(ctx, batch)
+		t1 := time.Now()
 		if err == nil {
 			err = r.commit(p, seen, entries)
 		}
 		if err == nil {
+			r.stages(batch, start, t0, t1, time.Now())
 			r.ack(batch)
 			return
 		}
@@ -364,6 +369,23 @@ func (r *Runner) poison(j *job, cause error) bool {
 	}
 	r.ack([]*job{j})
 	return true
+}
+
+// stages records where each input of a committed batch spent its time, from
+// the moment CTX_IN stored it (the server's clock) to its commit: delivery
+// to this instance, waiting for a worker (its conversation's earlier inputs,
+// or a free lane), the engine (prepare), and the commit round. An agent's
+// publish → readable is about their sum plus its publish and its read.
+func (r *Runner) stages(batch []*job, taken, prepared, committing, committed time.Time) {
+	for _, j := range batch {
+		if md, err := j.msg.Metadata(); err == nil && !md.Timestamp.IsZero() {
+			r.Metrics.Observe("ctxpipe_input_stage_seconds", `stage="delivery"`, max(0, j.fetched.Sub(md.Timestamp)))
+		}
+		r.Metrics.Observe("ctxpipe_input_stage_seconds", `stage="queued"`, max(0, taken.Sub(j.fetched)))
+		// The last attempt's: a retried batch's backoff counts nowhere.
+		r.Metrics.Observe("ctxpipe_input_stage_seconds", `stage="prepare"`, committing.Sub(prepared))
+		r.Metrics.Observe("ctxpipe_input_stage_seconds", `stage="commit"`, committed.Sub(committing))
+	}
 }
 
 func (r *Runner) ack(batch []*job) {
