@@ -550,6 +550,29 @@ func TestConversationsProceedInParallelAndInOrder(t *testing.T) {
 			t.Fatalf("conversation %d has %d turns", c, n)
 		}
 	}
+	// Each committed input is counted once in every latency stage: the
+	// applied ones, and any redelivery found stored already.
+	applied := h.metrics.Value("ctxpipe_inputs_total", `outcome="applied"`)
+	if applied != convs*turns {
+		t.Fatalf("%v inputs applied, want %d", applied, convs*turns)
+	}
+	for _, stage := range []string{"delivery", "queued", "prepare", "commit"} {
+		label := fmt.Sprintf("stage=%q", stage)
+		committed := func() float64 {
+			return applied + h.metrics.Value("ctxpipe_inputs_total", `outcome="duplicate"`) +
+				h.metrics.Value("ctxpipe_inputs_total", `outcome="rejected"`)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for h.metrics.Value("ctxpipe_input_stage_seconds_count", label) != committed() && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := h.metrics.Value("ctxpipe_input_stage_seconds_count", label); n != committed() {
+			t.Fatalf("stage %s counted %v inputs, %v committed", stage, n, committed())
+		}
+	}
+	if h.metrics.Value("ctxpipe_input_stage_seconds_sum", `stage="commit"`) <= 0 {
+		t.Fatal("the commit stage took no time")
+	}
 }
 
 func TestSlowCondenseKeepsInputAliveAndOthersFlowing(t *testing.T) {
