@@ -35,8 +35,10 @@ lint:
 ## bench: counting, decision and commit benchmarks, then issue 9's figures, each beside its
 ## anchor from the same run (figures, not pass/fail; the machine is shared, so read the ratios):
 ##   pipeline/raw (goal ≥ 0.20), stalled/unstalled p99 (≤ 2), 10k/10 per turn (≤ 1.2),
-##   the service process's peak RSS beside --max-held-bytes, decode and marshal beside
-##   encoding/json, and the changelog replay rate (issue 10: ≥ 50,000 changes/s)
+##   the service process's peak RSS beside --max-held-bytes and its memory limit, decode and
+##   marshal beside encoding/json, the changelog replay rate (issue 10: ≥ 50,000 changes/s),
+##   and the service binary driven over TCP by the publisher: end-to-end turns/s beside the
+##   publish rate (goal 20k), the agent workload beside full reads (goal 1,000/s, p99 < 10 ms)
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./tokens/... ./stages/ ./store/
 	$(GO) test -run '^$$' -bench 'DecodeTranscripts|MarshalMessages' -benchmem -count=1 ./schema/
@@ -44,6 +46,7 @@ bench:
 	$(GO) test -run '^$$' -bench 'StalledConversation' -benchtime 1x -count=1 ./pipeline/
 	$(GO) test -run '^$$' -bench 'HistoryLength' -benchtime 300x -count=1 ./pipeline/
 	$(GO) test -run '^$$' -bench 'ServiceRSS' -benchtime 1x -count=1 -timeout 20m ./cmd/consumer/
+	$(GO) test -run '^$$' -bench 'EndToEnd' -benchtime 1x -count=1 ./cmd/publisher/
 	$(GO) test -run '^$$' -bench 'Rebuild' -benchtime 3x -count=1 ./pipeline/
 
 ## fuzz: run each fuzz target for FUZZTIME
