@@ -4,7 +4,7 @@ PKGS     := ./...
 BIN      := bin
 FUZZTIME ?= 60s
 
-.PHONY: run test test-scaleout build lint bench fuzz load clean quality
+.PHONY: run test test-scaleout build lint bench bench-readme fuzz load clean quality
 
 ## run: start the service on embedded defaults (NATS JetStream in process, ./data/ctxpipe.db, offline condenser)
 run:
@@ -48,6 +48,11 @@ bench:
 	$(GO) test -run '^$$' -bench 'ServiceRSS' -benchtime 1x -count=1 -timeout 20m ./cmd/consumer/
 	$(GO) test -run '^$$' -bench 'EndToEnd' -benchtime 1x -count=1 ./cmd/publisher/
 	$(GO) test -run '^$$' -bench 'Rebuild' -benchtime 3x -count=1 ./pipeline/
+
+## bench-readme: make bench, then the README's performance table regenerated from its output
+bench-readme:
+	$(MAKE) --no-print-directory bench 2>&1 | tee bench.out
+	$(GO) run ./cmd/benchreport --readme README.md < bench.out
 
 ## fuzz: run each fuzz target for FUZZTIME
 fuzz:
