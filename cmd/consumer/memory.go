@@ -5,6 +5,8 @@ import (
 	"math"
 	"os"
 	"runtime/debug"
+	"strconv"
+	"strings"
 )
 
 // memoryHeadroom is what the Go heap may hold beyond the fetched payloads
@@ -13,6 +15,45 @@ import (
 // changelog records; a round carries at most 16 MiB of payloads, or one
 // larger input), the 64 MiB message cache, and the rest of the process.
 const memoryHeadroom = 256 << 20
+
+// minMemoryLimit refuses a limit the service cannot run under: below it the
+// collector would run without end (and "--memory-limit 512", meaning MiB,
+// is 512 bytes).
+const minMemoryLimit = 64 << 20
+
+// parseMemoryLimit reads --memory-limit as GOMEMLIMIT is written: a byte
+// count with an optional unit (B, KiB, MiB, GiB, TiB), or "off" for no
+// limit. "" is 0: derived (memoryLimit). None is returned as -1.
+func parseMemoryLimit(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	switch s {
+	case "":
+		return 0, nil
+	case "off":
+		return -1, nil
+	}
+	num, mult := s, int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"B", 1}} {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, mult = n, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("--memory-limit %q: want a size such as 512MiB or 2GiB (the units of GOMEMLIMIT), or off", s)
+	}
+	if n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("--memory-limit %q is too large", s)
+	}
+	if n*mult < minMemoryLimit {
+		return 0, fmt.Errorf("--memory-limit %q is under %d MiB, too little to run in (a unit forgotten?)", s, minMemoryLimit>>20)
+	}
+	return n * mult, nil
+}
 
 // memoryLimit is the soft limit the service puts on the Go runtime
 // (runtime/debug.SetMemoryLimit): asked (--memory-limit), else GOMEMLIMIT
@@ -26,7 +67,7 @@ func memoryLimit(c Config, env func(string) string) (limit int64, source string)
 	case c.MemoryLimit > 0:
 		return c.MemoryLimit, "--memory-limit"
 	case c.MemoryLimit < 0:
-		return math.MaxInt64, "--memory-limit (none)"
+		return math.MaxInt64, "--memory-limit off"
 	case env("GOMEMLIMIT") != "":
 		return 0, "GOMEMLIMIT"
 	}

@@ -135,7 +135,7 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.IntVar(&c.Pipeline.Lanes, "lanes", c.Pipeline.Lanes, "conversations applied at once")
 	fs.DurationVar(&c.Pipeline.AckWait, "ack-wait", c.Pipeline.AckWait, "JetStream ack wait (in-progress acks every third of it)")
 	fs.IntVar(&c.Pipeline.MaxHeldBytes, "max-held-bytes", c.Pipeline.MaxHeldBytes, "payload bytes fetched and not yet acked, at most; past it fetching waits (the main term of the memory bound)")
-	fs.Int64Var(&c.MemoryLimit, "memory-limit", c.MemoryLimit, "soft limit of the process's Go heap, in bytes (0: --max-held-bytes + 256 MiB, or GOMEMLIMIT when set; -1: none)")
+	memLimit := fs.String("memory-limit", "", "soft limit of the process's Go heap, as GOMEMLIMIT is written (512MiB, 2GiB) or off (default: --max-held-bytes + 256 MiB, or GOMEMLIMIT when set)")
 	fs.IntVar(&c.Pipeline.MaxDeliver, "max-deliver", c.Pipeline.MaxDeliver, "deliveries before an input is rejected as poison")
 	fs.DurationVar(&c.Pipeline.ShutdownTimeout, "shutdown-timeout", c.Pipeline.ShutdownTimeout, "how long a graceful stop may take")
 	c.NATS.RegisterFlags(fs)
@@ -144,6 +144,10 @@ func (m *Main) ParseFlags(args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	var err error
+	if c.MemoryLimit, err = parseMemoryLimit(*memLimit); err != nil {
+		return err
 	}
 	// The shared flag defaults to the standard local URL for clients; the
 	// service runs its embedded server unless a URL is asked for.
