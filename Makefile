@@ -51,7 +51,8 @@ bench:
 
 ## bench-readme: make bench, then the README's performance table regenerated from its output
 bench-readme:
-	$(MAKE) --no-print-directory bench 2>&1 | tee bench.out
+	@{ $(MAKE) --no-print-directory bench 2>&1; echo $$? > bench.status; } | tee bench.out
+	@status=$$(cat bench.status); rm -f bench.status; if [ "$$status" != 0 ]; then echo "make bench failed: the README is left as it is"; exit 1; fi
 	$(GO) run ./cmd/benchreport --readme README.md < bench.out
 
 ## fuzz: run each fuzz target for FUZZTIME
