@@ -175,6 +175,7 @@ func (h *harness) history(conv string, view schema.View, waitFor string) []schem
 	if err != nil {
 		h.t.Fatal(err)
 	}
+	checkHistoryJSON(h.t, req, msg.Data)
 	var qe schema.QueryError
 	if json.Unmarshal(msg.Data, &qe) == nil && qe.Error.Code != "" {
 		h.t.Fatalf("history: %s", qe.Error.Error())

@@ -20,6 +20,7 @@ func (h *harness) historyReq(req schema.HistoryRequest) (schema.HistoryReply, *s
 	if err != nil {
 		h.t.Fatal(err)
 	}
+	checkHistoryJSON(h.t, data, msg.Data)
 	var qe schema.QueryError
 	if json.Unmarshal(msg.Data, &qe) == nil && qe.Error.Code != "" {
 		return schema.HistoryReply{}, &qe.Error, msg.Data

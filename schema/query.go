@@ -47,6 +47,10 @@ const (
 // waits MaxQueryTimeout. A negative one is bad_request.
 const MaxQueryTimeout = 60 * time.Second
 
+// HistorySchemaID names the JSON Schema of a ctx.q.history request and
+// reply (schema/history.schema.json: #/$defs/request, #/$defs/reply).
+const HistorySchemaID = "ctxpipe.history.v1"
+
 // HistoryRequest is the body of a ctx.q.history request.
 type HistoryRequest struct {
 	ConversationID string `json:"conversation_id"`
