@@ -390,7 +390,17 @@ func (t *Tx) Commit(positions map[int]uint64, cursor uint64) error {
 	if t.conn != nil {
 		err = t.end("COMMIT")
 	} else {
+		// From the COMMIT until the recent index has it, readers of these
+		// conversations read SQLite: it may be ahead of the index.
+		t.s.recent.committing(t.c.seqOrder, 1)
 		err = t.tx.Commit()
+		if err == nil {
+			for _, conv := range t.c.seqOrder {
+				hs := t.c.seqs[conv]
+				t.s.recent.committed(conv, hs.seq, hs.reset, &hs.appended)
+			}
+		}
+		t.s.recent.committing(t.c.seqOrder, -1)
 	}
 	if err != nil {
 		return err
@@ -605,6 +615,8 @@ type committer struct {
 type historySeq struct {
 	seq, reset int64
 	group      int
+	// what the transaction appended, for the recent index (recent.go)
+	appended appended
 }
 
 // stateRow is a conversation's newest state within a transaction and the
@@ -657,6 +669,7 @@ func (c *committer) bump(ctx context.Context, conv string, reset bool) (int64, e
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return 0, fmt.Errorf("change sequence of %s: %w", conv, err)
 		}
+		hs.appended.prev = hs.seq
 		hs.seq++
 		hs.group = c.g
 		c.seqs[conv] = hs
@@ -927,12 +940,19 @@ func (c *committer) applyChanges(ctx context.Context, x *encoded) error {
 	if x.ch == nil {
 		return nil
 	}
-	var seq int64
+	var (
+		seq int64
+		ap  *appended // what the recent index learns of this entry's appends
+	)
 	if changes, more := changesHistory(x); changes {
 		var err error
 		if seq, err = c.bump(ctx, x.conv, more); err != nil {
 			return err
 		}
+		ap = &c.seqs[x.conv].appended
+		// Only appends whose messages are whole can be read back from
+		// memory; anything else sends the reads to SQLite.
+		ap.unknown = ap.unknown || more || x.replayed
 	}
 	for _, id := range x.deletes {
 		if _, err := c.exec(ctx, qDelete, x.conv, id); err != nil {
@@ -949,6 +969,9 @@ func (c *committer) applyChanges(ctx context.Context, x *encoded) error {
 	for _, em := range x.msgs {
 		if err := c.insertMessage(ctx, x.conv, em, seq); err != nil {
 			return err
+		}
+		if ap != nil && !ap.unknown {
+			ap.msgs = append(ap.msgs, recentMsg{m: em.m, body: em.body, seq: seq})
 		}
 	}
 	for _, t := range x.ch.Tags {

@@ -143,6 +143,14 @@ const TailMessages = 16
 // reads the whole history with every body. Bodies the cache holds are not
 // decoded again.
 func (s *Store) ReadHistory(ctx context.Context, conv string, visibleOnly bool, after int64) (History, error) {
+	if h, ok := s.recent.read(conv, visibleOnly, after); ok {
+		return h, nil
+	}
+	return s.readHistory(ctx, conv, visibleOnly, after)
+}
+
+// readHistory is ReadHistory from SQLite.
+func (s *Store) readHistory(ctx context.Context, conv string, visibleOnly bool, after int64) (History, error) {
 	h := History{Bodies: map[string][]byte{}}
 	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {

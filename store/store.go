@@ -45,6 +45,8 @@ type Store struct {
 	bulk atomic.Bool
 	// flusher writes a bulk load's pages back to disk meanwhile.
 	flusher *flusher
+	// recent answers incremental history reads from memory (recent.go).
+	recent *recent
 }
 
 type config struct {
@@ -130,6 +132,9 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	s := &Store{path: abs, w: w, now: cfg.now}
 	if cfg.cacheBytes > 0 {
 		s.cache = newMessageCache(cfg.cacheBytes)
+		// A quarter of the message cache's bytes: the bodies of the
+		// latest appends of the conversations committed last.
+		s.recent = newRecent(cfg.cacheBytes / 4)
 	}
 	if err := s.checkWriter(ctx); err != nil {
 		w.Close()

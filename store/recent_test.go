@@ -1,0 +1,188 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// The recent index answers an incremental read exactly as SQLite does, or
+// not at all: over random histories of appends (with tool calls and
+// results), resets of every kind (a summary hiding messages, a rewind, an
+// insertion before a message, a control input), appends replayed from the
+// changelog, and several conversations in one commit, every read after every
+// sequence is compared with the read from SQLite.
+func TestRecentAnswersAsSQLiteDoes(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	rng := rand.New(rand.NewPCG(7, 11))
+	convs := []string{"ra", "rb", "rc"}
+	stored := map[string][]string{}
+	ts := int64(1000)
+	next := func(conv string, role schema.Role, toolResult bool) schema.Message {
+		ts++
+		m := msg(conv, uuid.NewString(), ts, role, fmt.Sprintf("turn %d of %s", ts, conv))
+		switch {
+		case toolResult:
+			m.Role = schema.RoleUser
+			m.Content = schema.Content{IsBlocks: true, Blocks: []schema.Block{{Type: schema.BlockToolResult, ToolUseID: "call-" + conv,
+				Content: &schema.Content{Text: "ok"}}}}
+		case role == schema.RoleAssistant && rng.IntN(2) == 0:
+			m.Content = schema.Content{IsBlocks: true, Blocks: []schema.Block{{Type: schema.BlockToolUse, ID: "call-" + conv,
+				Name: "bash", Input: json.RawMessage(`{"command":"ls"}`)}}}
+		}
+		stored[conv] = append(stored[conv], m.ID)
+		return m
+	}
+	entryFor := func(conv string) Entry {
+		switch k := rng.IntN(12); {
+		case k < 7: // a turn, one or two messages
+			ms := []schema.Message{next(conv, schema.RoleAssistant, false)}
+			if rng.IntN(3) == 0 {
+				ms = append(ms, next(conv, schema.RoleUser, true))
+			}
+			return turnEntry(conv, ms...)
+		case k == 7 && len(stored[conv]) > 2: // a summary hiding the first messages
+			sum := next(conv, schema.RoleUser, false)
+			sum.IsSummary, sum.CondenseID = true, uuid.NewString()
+			e := turnEntry(conv, sum)
+			for _, id := range stored[conv][:len(stored[conv])/2] {
+				e.Changes.Tags = append(e.Changes.Tags, schema.TagChange{MessageID: id, Field: schema.TagCondenseParent, Value: sum.CondenseID})
+			}
+			return e
+		case k == 8 && len(stored[conv]) > 1: // a rewind of the last message
+			last := stored[conv][len(stored[conv])-1]
+			stored[conv] = stored[conv][:len(stored[conv])-1]
+			e := Entry{Input: input(conv, schema.KindRewind), Changes: &schema.Changes{
+				State: schema.ConversationState{ConversationID: conv}}}
+			e.Changes.Delete = []string{last}
+			return e
+		case k == 9 && len(stored[conv]) > 0: // an insertion before a message
+			e := turnEntry(conv, next(conv, schema.RoleUser, false))
+			e.Changes.Insert[0].Before = stored[conv][0]
+			return e
+		case k == 10: // an append replayed from the changelog: bodies only
+			e := turnEntry(conv, next(conv, schema.RoleAssistant, false))
+			enc, err := EncodeChanges(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// As a changelog record carries it: the bodies encoded, the
+			// messages' column fields without their content.
+			enc.complete = false
+			e.Encoded = enc
+			e.Changes.Insert[0].Message.Content = schema.Content{}
+			return e
+		}
+		return turnEntry(conv, next(conv, schema.RoleUser, false))
+	}
+	answered := 0
+	for step := range 150 {
+		var batch []Entry
+		for range 1 + rng.IntN(3) {
+			batch = append(batch, entryFor(convs[rng.IntN(len(convs))]))
+		}
+		commit(t, s, batch...)
+		for _, conv := range convs {
+			full, err := s.readHistory(ctx, conv, false, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The sequences an agent reads after: the last dozen.
+			for after := max(1, full.Seq-12); after <= full.Seq+1; after++ {
+				for _, visible := range []bool{false, true} {
+					want, err := s.readHistory(ctx, conv, visible, after)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got, ok := s.recent.read(conv, visible, after)
+					if !ok {
+						continue
+					}
+					answered++
+					if !reflect.DeepEqual(got, want) {
+						t.Fatalf("step %d, %s after %d (visible only %v): from memory\n%+v\nfrom SQLite\n%+v",
+							step, conv, after, visible, got, want)
+					}
+				}
+			}
+		}
+	}
+	// Enough reads came from memory for the comparison to mean something.
+	if answered < 500 {
+		t.Fatalf("the recent index answered %d reads", answered)
+	}
+	t.Logf("%d reads answered from memory, each as SQLite answered it", answered)
+}
+
+// The index stays within its bytes: the least recently committed
+// conversations are dropped.
+func TestRecentIsBounded(t *testing.T) {
+	r := newRecent(64 << 10)
+	body := make([]byte, 1000)
+	for i := range 1000 {
+		conv := fmt.Sprintf("c%d", i)
+		m := schema.Message{Turn: schema.Turn{ID: uuid.NewString(), ConversationID: conv}}
+		r.committed(conv, 1, 0, &appended{msgs: []recentMsg{{m: m, body: body, seq: 1}}})
+		if r.bytes > r.maxBytes {
+			t.Fatalf("%d bytes held, bound %d", r.bytes, r.maxBytes)
+		}
+	}
+	if len(r.convs) == 0 || len(r.convs) > 64 || r.lru.Len() != len(r.convs) {
+		t.Fatalf("%d conversations kept (%d in the LRU list)", len(r.convs), r.lru.Len())
+	}
+	if h, ok := r.read("c999", false, 1); !ok || h.Seq != 1 || len(h.Messages) != 0 {
+		t.Fatalf("a read after the last sequence: %+v %v, want nothing new at seq 1", h, ok)
+	}
+	if _, ok := r.read("c999", false, 0); ok {
+		t.Fatal("a whole read (after 0) was answered from memory")
+	}
+	if _, ok := r.read("c0", false, 0+1); ok {
+		t.Fatal("an evicted conversation was answered from memory")
+	}
+}
+
+// A commit the index did not see (a gap in the sequence) makes it vouch for
+// nothing before the next one.
+func TestRecentRestartsOnAGap(t *testing.T) {
+	r := newRecent(1 << 20)
+	m := func(id string) recentMsg {
+		return recentMsg{m: schema.Message{Turn: schema.Turn{ID: id}}, body: []byte(`{}`)}
+	}
+	one, three := m("one"), m("three")
+	one.seq, three.seq = 1, 3
+	r.committed("c", 1, 0, &appended{prev: 0, msgs: []recentMsg{one}})
+	if h, ok := r.read("c", false, 1); !ok || len(h.Messages) != 0 {
+		t.Fatalf("after 1: %+v %v", h, ok)
+	}
+	r.committed("c", 3, 0, &appended{prev: 2, msgs: []recentMsg{three}})
+	if h, ok := r.read("c", false, 1); ok {
+		t.Fatalf("after 1, with commit 2 unseen: answered %+v", h)
+	}
+	if h, ok := r.read("c", false, 2); !ok || len(h.Messages) != 1 || h.Messages[0].ID != "three" {
+		t.Fatalf("after 2: %+v %v", h, ok)
+	}
+}
+
+// Between a transaction's COMMIT and the index's update, SQLite may be
+// ahead: the conversation's reads go there.
+func TestRecentStepsAsideWhileCommitting(t *testing.T) {
+	r := newRecent(1 << 20)
+	one := recentMsg{m: schema.Message{Turn: schema.Turn{ID: "one"}}, body: []byte(`{}`), seq: 1}
+	r.committed("c", 1, 0, &appended{prev: 0, msgs: []recentMsg{one}})
+	r.committing([]string{"c", "other"}, 1)
+	if h, ok := r.read("c", false, 1); ok {
+		t.Fatalf("answered %+v while a commit of the conversation was in flight", h)
+	}
+	r.committing([]string{"c", "other"}, -1)
+	if _, ok := r.read("c", false, 1); !ok {
+		t.Fatal("not answered once the commit was recorded")
+	}
+}
