@@ -74,21 +74,19 @@ func (r *recent) committed(conv string, seq, reset int64, a *appended) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c := r.convs[conv]
-	switch {
-	case c == nil:
+	if c == nil {
 		c = &recentConv{elem: r.lru.PushFront(conv)}
 		r.convs[conv] = c
 		c.restart(a.prev)
-	case c.seq != a.prev:
-		// Not the state this transaction started from (evicted and back,
-		// or a commit that did not pass here): start again.
+	} else {
+		r.lru.MoveToFront(c.elem)
 		r.bytes -= c.bytes
-		c.restart(a.prev)
-		r.lru.MoveToFront(c.elem)
-	default:
-		r.lru.MoveToFront(c.elem)
+		if c.seq != a.prev {
+			// Not the state this transaction started from (evicted and
+			// back, or a commit that did not pass here): start again.
+			c.restart(a.prev)
+		}
 	}
-	r.bytes -= c.bytes
 	c.reset = reset
 	if a.unknown {
 		c.restart(seq)
@@ -136,7 +134,11 @@ func (c *recentConv) trim() {
 		}
 		c.from = s
 	}
-	c.msgs = append([]recentMsg(nil), c.msgs[drop:]...)
+	if drop > 0 {
+		// A copy, so that the dropped messages are not kept alive by the
+		// array behind the slice.
+		c.msgs = append([]recentMsg(nil), c.msgs[drop:]...)
+	}
 	c.bytes = 0
 	for _, m := range c.msgs {
 		c.bytes += 2*len(m.body) + 256 // the body, about as much decoded, and the rest
