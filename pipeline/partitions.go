@@ -368,7 +368,7 @@ func (r *Runner) dispatch(p int, msg jetstream.Msg) {
 	now := time.Now()
 	j := &job{msg: msg, partition: p, touched: now, fetched: now}
 	if md, err := msg.Metadata(); err == nil {
-		j.seq, j.deliver = md.Sequence.Stream, md.NumDelivered
+		j.seq, j.deliver, j.stored = md.Sequence.Stream, md.NumDelivered, md.Timestamp
 		if j.deliver > 1 {
 			r.Metrics.Inc("ctxpipe_redeliveries_total", "")
 		}

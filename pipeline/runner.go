@@ -77,7 +77,8 @@ type job struct {
 	seq       uint64 // stream sequence: the id of last resort
 	deliver   uint64 // delivery count
 	touched   time.Time
-	fetched   time.Time // when it came from CTX_IN, for the latency stages
+	stored    time.Time // when CTX_IN stored it (the server's clock), and
+	fetched   time.Time // when it came here: for the latency stages
 
 	hashed bool
 	hash   [32]byte // of the payload, once computed (payloadHash)
@@ -378,8 +379,8 @@ func (r *Runner) poison(j *job, cause error) bool {
 // publish → readable is about their sum plus its publish and its read.
 func (r *Runner) stages(batch []*job, taken, prepared, committing, committed time.Time) {
 	for _, j := range batch {
-		if md, err := j.msg.Metadata(); err == nil && !md.Timestamp.IsZero() {
-			r.Metrics.Observe("ctxpipe_input_stage_seconds", `stage="delivery"`, max(0, j.fetched.Sub(md.Timestamp)))
+		if !j.stored.IsZero() {
+			r.Metrics.Observe("ctxpipe_input_stage_seconds", `stage="delivery"`, max(0, j.fetched.Sub(j.stored)))
 		}
 		r.Metrics.Observe("ctxpipe_input_stage_seconds", `stage="queued"`, max(0, taken.Sub(j.fetched)))
 		// The last attempt's: a retried batch's backoff counts nowhere.
