@@ -1,49 +1,26 @@
 package schema_test
 
 import (
-	"bytes"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
+	"github.com/ctxpipe/ctxpipe/internal/schematest"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// historyRequestSchema compiles #/$defs/request of history.schema.json,
-// with turn.schema.json beside it (its replies refer to it).
+// historyRequestSchema compiles #/$defs/request of history.schema.json
+// (the reply's definition compiles with it).
 func historyRequestSchema(t *testing.T) *jsonschema.Schema {
 	t.Helper()
 	compileSchema(t, "history.schema.json", schema.HistorySchemaID) // $id, $schema, meta-schema
-	c := jsonschema.NewCompiler()
-	var history string
-	for _, f := range []string{"turn.schema.json", "history.schema.json"} {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if history, err = filepath.Abs(f); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.AddResource(history, doc); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := c.Compile(history + "#/$defs/reply"); err != nil {
-		t.Fatalf("compile the reply: %v", err)
-	}
-	sch, err := c.Compile(history + "#/$defs/request")
+	req, _, err := schematest.History(".")
 	if err != nil {
-		t.Fatalf("compile the request: %v", err)
+		t.Fatalf("compile history.schema.json: %v", err)
 	}
-	return sch
+	return req
 }
 
 // goAcceptsHistoryRequest is the service's verdict on a request's shape:
