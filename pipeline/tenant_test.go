@@ -55,8 +55,19 @@ func TestTenantsNeverMeet(t *testing.T) {
 				t.Fatalf("%s read %q of conversation %q", tenant, m.Content.Text, m.ConversationID)
 			}
 		}
+		// An incremental read (after the seq just read; the recent index
+		// answers it) holds this tenant's new turn and nothing else.
+		more := schema.Turn{ID: uuid.NewString(), ConversationID: "c1", TS: h.nextTS(), Role: schema.RoleUser, Content: schema.TextContent(secret[tenant] + ", part two")}
+		h.publish(schema.InputSubjectPrefix+tenant+".c1.turn", more.ID, more)
+		var inc schema.HistoryReply
+		if err := ask(tenant, schema.VerbHistory, schema.HistoryRequest{ConversationID: "c1", View: schema.ViewFull, WaitFor: more.ID, TimeoutMS: 10_000, After: rep.Seq}, &inc); err != nil {
+			t.Fatalf("%s incremental history: %v", tenant, err)
+		}
+		if inc.Reset || len(inc.Messages) != 1 || inc.Messages[0].ID != more.ID || inc.Messages[0].ConversationID != tenant+".c1" {
+			t.Fatalf("%s incremental history after %d: %+v", tenant, rep.Seq, inc)
+		}
 		var st schema.StatusReply
-		if err := ask(tenant, schema.VerbStatus, schema.StatusRequest{ConversationID: "c1"}, &st); err != nil || st.Messages != 3 {
+		if err := ask(tenant, schema.VerbStatus, schema.StatusRequest{ConversationID: "c1"}, &st); err != nil || st.Messages != 4 {
 			t.Fatalf("%s status: %+v %v", tenant, st, err)
 		}
 	}
