@@ -101,6 +101,18 @@ func TestIncrementalHistory(t *testing.T) {
 		Content: schema.BlockContent(schema.Block{Type: schema.BlockToolResult, ToolUseID: "call-1", Content: &schema.Content{Text: "package a"}})}
 	h.publish(schema.InputSubject(conv, schema.KindTurn), result.ID, result)
 	follow(result.ID, 1, false)
+	// A call that a condense keeps visible, answered after it: what the
+	// store holds in memory starts at the condense, so the result's call
+	// is found in SQLite's tail, and the read is still incremental.
+	call = schema.Turn{ID: uuid.NewString(), ConversationID: conv, TS: h.nextTS(), Role: schema.RoleAssistant,
+		Content: schema.BlockContent(schema.Block{Type: schema.BlockToolUse, ID: "call-2", Name: "read_file", Input: json.RawMessage(`{"path":"b.go"}`)})}
+	h.publish(schema.InputSubject(conv, schema.KindTurn), call.ID, call)
+	follow(call.ID, 1, false)
+	follow(h.control(conv, schema.KindCondense, schema.Input{Trigger: schema.TriggerManual}), 0, true)
+	result = schema.Turn{ID: uuid.NewString(), ConversationID: conv, TS: h.nextTS(), Role: schema.RoleUser,
+		Content: schema.BlockContent(schema.Block{Type: schema.BlockToolResult, ToolUseID: "call-2", Content: &schema.Content{Text: "package b"}})}
+	h.publish(schema.InputSubject(conv, schema.KindTurn), result.ID, result)
+	follow(result.ID, 1, false)
 
 	// A seq from the future (another store, say) is answered in full.
 	rep, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, After: seq + 100})

@@ -113,8 +113,10 @@ type History struct {
 	// those no summary or marker hides (see Visible). After an incremental
 	// read (Incremental) they are only the messages appended since the
 	// reader's seq, preceded, when one of them carries a tool result, by
-	// up to TailMessages of the visible messages before them, so that the
-	// caller can tell which tool calls those results answer.
+	// up to TailMessages of the visible messages before them (the last
+	// ones; fewer when read from memory after a reset), so that the caller
+	// can tell which tool calls those results answer; a result whose call
+	// is not among them needs a full read.
 	Messages []schema.Message
 	// Bodies holds the stored body (see Visible) of every message the
 	// reply may carry, by message id: all of them after a full read, the
