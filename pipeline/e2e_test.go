@@ -86,7 +86,9 @@ func startStore(t *testing.T, cfg pipeline.Config, storeOpts []store.Option, pro
 	if len(profiles) == 0 {
 		profiles = []schema.Profile{smallProfile(schema.DefaultProfileID)}
 	}
-	relay := store.NewRelay(st, pipeline.JetStreamPublisher{JS: js}, log, store.RelayOptions{PollInterval: 20 * time.Millisecond})
+	// The relay never polls: every event the tests wait for must leave
+	// because the commit that stored it woke the relay.
+	relay := store.NewRelay(st, pipeline.JetStreamPublisher{JS: js}, log, store.RelayOptions{PollInterval: time.Hour})
 	metrics := pipeline.NewMetrics()
 	r, err := pipeline.New(cfg, pipeline.Deps{
 		JS: js, Store: st, Engine: engine, Profiles: pipeline.StaticProfiles(profiles...), Relay: relay, Log: log,
@@ -630,6 +632,31 @@ func TestHeldBytesBoundDoesNotStall(t *testing.T) {
 	for deadline := time.Now().Add(5 * time.Second); h.runner.Held() != 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d inputs still held", h.runner.Held())
+		}
+	}
+}
+
+// An event leaves as soon as the commit that stored it is done: the
+// harness's relay never polls, and nobody flushes it here, so only the
+// commit's wake-up can send the condense's events.
+func TestEventsLeaveWithTheirCommit(t *testing.T) {
+	h := start(t)
+	const conv = "wake"
+	sub, err := h.nc.SubscribeSync("ctx.events." + conv + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := h.turns(conv, 6, 50)
+	h.history(conv, schema.ViewEffective, ts[5].ID) // turns alone store no event
+	id := h.control(conv, schema.KindCondense, schema.Input{Trigger: schema.TriggerManual})
+	h.history(conv, schema.ViewEffective, id)
+	for {
+		msg, err := sub.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("no condense event reached ctx.events.%s.> after its commit: %v", conv, err)
+		}
+		if strings.HasSuffix(msg.Subject, ".condense_context") {
+			return
 		}
 	}
 }

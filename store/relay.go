@@ -101,7 +101,8 @@ func NewRelay(s *Store, pub Publisher, log *slog.Logger, opts RelayOptions) *Rel
 }
 
 // Notify wakes the relay without blocking; the pipeline calls it after each
-// commit so events leave without waiting for the poll interval.
+// commit that stored events, so they leave without waiting for the poll
+// interval.
 func (r *Relay) Notify() {
 	select {
 	case r.kick <- struct{}{}:
