@@ -168,9 +168,10 @@ func (r *recent) read(conv string, visibleOnly bool, after int64) (h History, ok
 	if len(added) > 0 && visibleOnly && hasToolResultIn(added) {
 		// The visible messages before them, as many as are here up to
 		// TailMessages: appended since the last reset, none is hidden.
-		// Fewer than SQLite's tail only after a reset (a condense), and
-		// then its last ones: enough if they hold every call the results
-		// answer, since the caller looks no further. Requiring the whole
+		// Fewer than SQLite's tail when fewer are held (after a reset such
+		// as a condense, or a restart), and then its last ones: enough if
+		// they hold every call the results answer, since the caller looks
+		// no further. Requiring the whole
 		// tail here sent the dozen tool-result reads after every condense
 		// to SQLite, a scan of the conversation's hidden messages each (11 %
 		// of the agent workload's reads at 200 turns per conversation).
