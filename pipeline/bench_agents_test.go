@@ -190,11 +190,19 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // BenchmarkStalledConversation is issue 9's goal 4: one conversation's
 // summarizer stalls for 30 s in the middle of its condense while 16 other
 // agents go on (publish a turn, read the history holding it, next turn).
-// It reports the others' p99 publish → readable without the stall (before
-// it and after it, together) and during it, from the same run; the goal is
-// stalled ≤ 2 × unstalled. Each iteration lasts the 30 s stall.
+// It reports the others' p99 publish → readable without the stall (the mean
+// of a round before it and one after it) and during it, from the same run;
+// the goal is stalled ≤ 2 × unstalled. Each iteration lasts the 30 s stall.
+//
+// Each p99 is taken over one round of the same size: a pause of the whole
+// machine (an fsync or a checkpoint of 20-30 ms) delays every agent at once,
+// 16 turns, and decides the p99 of a round of 1,440 turns (its 14th
+// slowest) but not of two rounds pooled (the 29th), which made the stalled
+// round look up to 3x worse whenever it alone caught one. 90 turns per
+// agent: with 30, a p99 was the 5th slowest of 480 turns and the ratio moved
+// between 0.4 and 2.6 from run to run.
 func BenchmarkStalledConversation(b *testing.B) {
-	const agents, turns, size = 16, 30, 100
+	const agents, turns, size = 16, 90, 100
 	for range b.N {
 		ai := openaitest.New(b)
 		ai.SetHandler(func(req openaiRequest) openaitest.Reply {
@@ -225,21 +233,24 @@ func BenchmarkStalledConversation(b *testing.B) {
 		}
 		t0 := time.Now()
 		during := s.runAgents("busy", "", agents, turns, size)
+		b.Logf("the stalled round took %v", time.Since(t0).Round(time.Millisecond))
 		if time.Since(t0) > 25*time.Second {
 			b.Fatal("the load outlasted the stall: the figure would not be under it")
 		}
 		// Unstalled again, once the summarizer answered and the stalled
-		// conversation caught up: the baseline is both calm rounds, so
-		// that neither the order nor the history's growth favours one.
+		// conversation caught up: the baseline is the mean of both calm
+		// rounds' p99, so that neither the order nor the history's growth
+		// favours one.
 		for deadline := time.Now().Add(60 * time.Second); s.metrics.Value("ctxpipe_events_total", `type="condense_context"`) < 1; time.Sleep(10 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				b.Fatal("the stalled condense never finished")
 			}
 		}
-		base = append(base, s.runAgents("calm-again", "", agents, turns, size)...)
-		b.ReportMetric(ms(pct(base, 99)), "p99-ms-unstalled")
+		again := s.runAgents("calm-again", "", agents, turns, size)
+		unstalled := (ms(pct(base, 99)) + ms(pct(again, 99))) / 2
+		b.ReportMetric(unstalled, "p99-ms-unstalled")
 		b.ReportMetric(ms(pct(during, 99)), "p99-ms-stalled")
-		b.ReportMetric(ms(pct(during, 99))/ms(pct(base, 99)), "stalled/unstalled")
+		b.ReportMetric(ms(pct(during, 99))/unstalled, "stalled/unstalled")
 	}
 }
 
