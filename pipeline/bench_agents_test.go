@@ -194,15 +194,15 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // of a round before it and one after it) and during it, from the same run;
 // the goal is stalled ≤ 2 × unstalled. Each iteration lasts the 30 s stall.
 //
-// Each p99 is taken over one round of the same size: a pause of the whole
-// machine (an fsync or a checkpoint of 20-30 ms) delays every agent at once,
-// 16 turns, and decides the p99 of a round of 1,440 turns (its 14th
-// slowest) but not of two rounds pooled (the 29th), which made the stalled
-// round look up to 3x worse whenever it alone caught one. 90 turns per
-// agent: with 30, a p99 was the 5th slowest of 480 turns and the ratio moved
-// between 0.4 and 2.6 from run to run.
+// Each p99 is taken over one round of the same size, 4,800 turns: a pause
+// of the whole machine (an fsync or a checkpoint of 20-70 ms) delays every
+// agent at once, 16 turns, and decided the p99 of a smaller round alone
+// (with 30 turns per agent, its 5th slowest of 480; with 90, its 14th of
+// 1,440), so the ratio moved between 0.4 and 3.5 from run to run with or
+// without a stall, and a pooled baseline of two rounds hid the pause one
+// of them caught. With 300 turns per agent a p99 spans several pauses.
 func BenchmarkStalledConversation(b *testing.B) {
-	const agents, turns, size = 16, 90, 100
+	const agents, turns, size = 16, 300, 100
 	for range b.N {
 		ai := openaitest.New(b)
 		ai.SetHandler(func(req openaiRequest) openaitest.Reply {
