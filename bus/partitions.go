@@ -28,9 +28,9 @@ const (
 	// a durable consumer, and the server rewrites an active consumer's
 	// state file up to ten times a second: with 64 partitions that was a
 	// tenth to a sixth of the embedded service's CPU, and 50 conversations
-	// went end to end 20–80 % faster on 16 (operations.md, section 4.1). 16
-	// still spreads evenly over a few instances; a deployment planning more
-	// sets --partitions when it creates the streams.
+	// went end to end 20–80 % faster on 16 (operations.md, section 4.1).
+	// Several instances share few partitions unevenly: a deployment of
+	// more than one sets --partitions when it creates the streams.
 	DefaultPartitions = 16
 	// MaxPartitions bounds --partitions: each partition is a durable
 	// consumer and a changelog subject.

@@ -195,8 +195,8 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // the goal is stalled ≤ 2 × unstalled. Each iteration lasts the 30 s stall.
 //
 // Each p99 is taken over one round of the same size, 4,800 turns: a pause
-// of the whole machine (an fsync or a checkpoint of 20-70 ms) delays every
-// agent at once, 16 turns, and decided the p99 of a smaller round alone
+// of the whole machine (20-70 ms; WAL checkpoints and the broker's file
+// writes are part of them) delays every agent at once, 16 turns, and decided the p99 of a smaller round alone
 // (with 30 turns per agent, its 5th slowest of 480; with 90, its 14th of
 // 1,440), so the ratio moved between 0.4 and 3.5 from run to run with or
 // without a stall, and a pooled baseline of two rounds hid the pause one
