@@ -72,6 +72,47 @@ func TestEnsureStreams(t *testing.T) {
 	}
 }
 
+// A stream made with another N keeps it. Asked for another N, that is a
+// warning; with the default, information only: a stream created when the
+// default was 64 is not an operator's mistake.
+func TestExistingPartitionsAreKept(t *testing.T) {
+	js, _ := newJS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := EnsureStreams(ctx, js, WithPartitions(64)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		opts  []Option
+		level slog.Level
+	}{
+		{nil, slog.LevelInfo},
+		{[]Option{WithPartitions(DefaultPartitions)}, slog.LevelWarn},
+		{[]Option{WithPartitions(32)}, slog.LevelWarn},
+	} {
+		findings, err := ReconcileStreams(ctx, js, tc.opts...)
+		if err != nil {
+			t.Fatalf("reconcile: %v", err)
+		}
+		var got []Finding
+		for _, f := range findings {
+			if f.Field == "partitions" {
+				got = append(got, f)
+			}
+		}
+		if len(got) != 1 || got[0].Changed || got[0].Have != "64" || got[0].Level() != tc.level {
+			t.Fatalf("%d options: partition findings %v, want 64 kept at level %v", len(tc.opts), got, tc.level)
+		}
+	}
+	in, err := js.Stream(ctx, StreamIn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := PartitionsOf(in.CachedInfo().Config); n != 64 {
+		t.Fatalf("CTX_IN has %d partitions, want the 64 it was made with", n)
+	}
+}
+
 func TestReplicasOption(t *testing.T) {
 	if got := InStreamConfig(WithReplicas(3)).Replicas; got != 3 {
 		t.Fatalf("replicas = %d, want 3", got)

@@ -59,8 +59,8 @@ type options struct {
 	maxBytes   int64
 	// asked records which settings an option set, as opposed to defaults:
 	// keeping an existing value against an explicit request is a warning.
-	askedReplicas, askedMaxAge, askedMaxBytes bool
-	log                                       *slog.Logger
+	askedReplicas, askedMaxAge, askedMaxBytes, askedPartitions bool
+	log                                                        *slog.Logger
 }
 
 func buildOptions(opts []Option) options {
@@ -106,7 +106,7 @@ func WithMaxBytes(n int64) Option {
 func WithPartitions(n int) Option {
 	return func(o *options) {
 		if n > 0 && n <= MaxPartitions {
-			o.partitions = n
+			o.partitions, o.askedPartitions = n, true
 		}
 	}
 }
@@ -274,7 +274,7 @@ func reconcileStream(ctx context.Context, js jetstream.JetStream, want jetstream
 			d.set("subject_transform", transformString(next.SubjectTransform), want.SubjectTransform.Destination)
 			next.SubjectTransform = want.SubjectTransform
 		case have != PartitionsOf(want):
-			d.keep("partitions", strconv.Itoa(have), strconv.Itoa(PartitionsOf(want)), true)
+			d.keep("partitions", strconv.Itoa(have), strconv.Itoa(PartitionsOf(want)), o.askedPartitions)
 		}
 	}
 	if dup := duplicates(next.MaxAge); next.Duplicates != dup {

@@ -209,7 +209,13 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	// Each start step waits out a cluster without quorum (it says so)
 	// rather than failing the start.
-	busOpts := []bus.Option{bus.WithReplicas(c.Replicas), bus.WithPartitions(c.Partitions), bus.WithLogger(log)}
+	busOpts := []bus.Option{bus.WithReplicas(c.Replicas), bus.WithLogger(log)}
+	if c.Partitions != bus.DefaultPartitions {
+		// Asked for: a stream that keeps another N is warned about. The
+		// default is not a request (a stream made when it was 64 keeps 64
+		// quietly).
+		busOpts = append(busOpts, bus.WithPartitions(c.Partitions))
+	}
 	if err := bus.RetryStart(ctx, log, "ensure streams", func(ctx context.Context) error {
 		return bus.EnsureStreams(ctx, js, busOpts...)
 	}); err != nil {
