@@ -221,3 +221,43 @@ func TestRecentStepsAsideWhileCommitting(t *testing.T) {
 		t.Fatal("not answered once the commit was recorded")
 	}
 }
+
+// With fewer than TailMessages held (after a restart), a read whose
+// appended messages carry tool results is answered only when an assistant's
+// call before each result is held: a call SQLite's longer tail may have, a
+// tool_use block in a user message (not a call), or a result answering
+// nothing send the read to SQLite.
+func TestRecentShortTailNeedsTheCalls(t *testing.T) {
+	msg := func(id string, seq int64, role schema.Role, b schema.Block) recentMsg {
+		return recentMsg{m: schema.Message{Turn: schema.Turn{ID: id, Role: role, Content: schema.BlockContent(b)}},
+			body: []byte(`{}`), seq: seq}
+	}
+	call := func(id string) schema.Block {
+		return schema.Block{Type: schema.BlockToolUse, ID: id, Name: "bash", Input: json.RawMessage(`{}`)}
+	}
+	result := func(id string) schema.Block {
+		return schema.Block{Type: schema.BlockToolResult, ToolUseID: id, Content: &schema.Content{Text: "ok"}}
+	}
+	for _, tc := range []struct {
+		name   string
+		before recentMsg // appended at seq 11, after the restart at 10
+		answer schema.Block
+		ok     bool
+	}{
+		{"the assistant's call is held", msg("a", 11, schema.RoleAssistant, call("k1")), result("k1"), true},
+		{"the call is older than the restart", msg("a", 11, schema.RoleAssistant, call("k0")), result("k1"), false},
+		{"a user message's tool_use is no call", msg("a", 11, schema.RoleUser, call("k1")), result("k1"), false},
+	} {
+		r := newRecent(1 << 20)
+		r.committed("c", 10, 10, &appended{prev: 9, unknown: true})
+		r.committed("c", 11, 10, &appended{prev: 10, msgs: []recentMsg{tc.before}})
+		r.committed("c", 12, 10, &appended{prev: 11, msgs: []recentMsg{msg("b", 12, schema.RoleUser, tc.answer)}})
+		h, ok := r.read("c", true, 11)
+		if ok != tc.ok {
+			t.Fatalf("%s: answered %v (%+v), want %v", tc.name, ok, h, tc.ok)
+		}
+		if ok && (len(h.Messages) != 2 || h.Messages[0].ID != "a" || h.Bodies["b"] == nil || h.Bodies["a"] != nil) {
+			t.Fatalf("%s: %+v, want the held call then the appended result", tc.name, h)
+		}
+	}
+}
