@@ -436,6 +436,20 @@ func TestParseFlags(t *testing.T) {
 		{name: "bad duration", args: []string{"--ack-wait", "soon"}, wantErr: "ack-wait"},
 		{name: "ack wait too short", args: []string{"--ack-wait", "10ms"}, wantErr: "ack wait"},
 		{name: "max deliver too small", args: []string{"--max-deliver", "1"}, wantErr: "max deliver"},
+		{name: "partitions default", args: nil, check: func(t *testing.T, c Config) {
+			if c.Partitions != bus.DefaultPartitions {
+				t.Fatalf("partitions %d, want %d", c.Partitions, bus.DefaultPartitions)
+			}
+		}},
+		{name: "partitions set", args: []string{"--partitions", "48"}, check: func(t *testing.T, c Config) {
+			if c.Partitions != 48 {
+				t.Fatalf("partitions %d, want 48", c.Partitions)
+			}
+		}},
+		{name: "no partitions", args: []string{"--partitions", "0"}, wantErr: "--partitions 0"},
+		{name: "negative partitions", args: []string{"--partitions", "-16"}, wantErr: "--partitions -16"},
+		{name: "too many partitions", args: []string{"--partitions", "1025"}, wantErr: "--partitions 1025"},
+		{name: "partitions overflowing", args: []string{"--partitions", "99999999999999999999"}, wantErr: "partitions"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
