@@ -461,7 +461,9 @@ func (r *Runner) launch(reqs []*commitReq) *round {
 		r.log.appending(p)
 		go func() {
 			defer rd.appends.Done()
+			t := time.Now()
 			seq, err := r.clog.Append(ctx, p, fence, records[i])
+			r.Metrics.Observe("ctxpipe_changelog_append_seconds", "", time.Since(t))
 			if err != nil {
 				seq = 0
 			}

@@ -576,6 +576,12 @@ func TestConversationsProceedInParallelAndInOrder(t *testing.T) {
 	if h.metrics.Value("ctxpipe_input_stage_seconds_sum", `stage="commit"`) <= 0 {
 		t.Fatal("the commit stage took no time")
 	}
+	// Every round appended one record per partition it touched, each timed.
+	rounds, appends := h.metrics.Value("ctxpipe_commits_total", ""), h.metrics.Value("ctxpipe_changelog_append_seconds_count", "")
+	if rounds == 0 || appends < rounds || h.metrics.Value("ctxpipe_changelog_append_seconds_sum", "") <= 0 {
+		t.Fatalf("%v rounds, %v appends timed (sum %vs): want an append timed for each round's partitions", rounds, appends,
+			h.metrics.Value("ctxpipe_changelog_append_seconds_sum", ""))
+	}
 }
 
 func TestSlowCondenseKeepsInputAliveAndOthersFlowing(t *testing.T) {
