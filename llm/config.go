@@ -142,13 +142,26 @@ func (c Config) Endpoint(p schema.Profile) Endpoint {
 		APIKey:  c.APIKey,
 		Timeout: c.timeout(),
 	}
+	// Validate refuses a profile naming any other variable; one that got
+	// here anyway (a caller that skipped validation) gets no key at all
+	// rather than the value of whatever it named.
 	if env := first(p.CondenseLLM.APIKeyEnv, p.LLM.APIKeyEnv); env != "" {
+		if !schema.KeyEnvAllowed(env) {
+			e.APIKey = ""
+			return e.withTimeout(p)
+		}
 		getenv := c.Getenv
 		if getenv == nil {
 			getenv = os.Getenv
 		}
 		e.APIKey = strings.TrimSpace(getenv(env))
 	}
+	return e.withTimeout(p)
+}
+
+// withTimeout applies the profile's timeout_seconds (condense_llm's, else
+// llm's) to e.
+func (e Endpoint) withTimeout(p schema.Profile) Endpoint {
 	if s := p.CondenseLLM.TimeoutSeconds; s > 0 {
 		e.Timeout = time.Duration(s) * time.Second
 	} else if s := p.LLM.TimeoutSeconds; s > 0 {

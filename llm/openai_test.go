@@ -313,11 +313,16 @@ func TestBearerToken(t *testing.T) {
 		{"key from config", Config{APIKey: "sk-cfg"}, schema.Profile{}, "Bearer sk-cfg"},
 		{"no key for a local server", Config{}, schema.Profile{}, ""},
 		{"profile names its key variable", Config{APIKey: "sk-cfg", Getenv: func(k string) string {
-			return map[string]string{"TEAM_KEY": "sk-team"}[k]
-		}}, schema.Profile{LLM: schema.LLMConfig{APIKeyEnv: "TEAM_KEY"}}, "Bearer sk-team"},
+			return map[string]string{"CTXPIPE_LLM_KEY_TEAM": "sk-team"}[k]
+		}}, schema.Profile{LLM: schema.LLMConfig{APIKeyEnv: "CTXPIPE_LLM_KEY_TEAM"}}, "Bearer sk-team"},
 		{"condense_llm key variable wins", Config{Getenv: func(k string) string {
-			return map[string]string{"TEAM_KEY": "sk-team", "CHEAP_KEY": "sk-cheap"}[k]
-		}}, schema.Profile{LLM: schema.LLMConfig{APIKeyEnv: "TEAM_KEY"}, CondenseLLM: schema.LLMConfig{APIKeyEnv: "CHEAP_KEY"}}, "Bearer sk-cheap"},
+			return map[string]string{"CTXPIPE_LLM_KEY_TEAM": "sk-team", "CTXPIPE_LLM_KEY_CHEAP": "sk-cheap"}[k]
+		}}, schema.Profile{LLM: schema.LLMConfig{APIKeyEnv: "CTXPIPE_LLM_KEY_TEAM"}, CondenseLLM: schema.LLMConfig{APIKeyEnv: "CTXPIPE_LLM_KEY_CHEAP"}}, "Bearer sk-cheap"},
+		// A profile naming one of the service's other variables (one that
+		// skipped Validate) sends no key, not that variable's value.
+		{"no other variable is read", Config{APIKey: "sk-cfg", Getenv: func(k string) string {
+			return map[string]string{"NATS_PASSWORD": "service-secret", "HOME": "/root"}[k]
+		}}, schema.Profile{LLM: schema.LLMConfig{APIKeyEnv: "NATS_PASSWORD"}}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

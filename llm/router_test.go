@@ -108,7 +108,7 @@ func TestEndpointDefaults(t *testing.T) {
 		{"condense timeout wins", Config{}, schema.Profile{LLM: schema.LLMConfig{TimeoutSeconds: 30}, CondenseLLM: schema.LLMConfig{TimeoutSeconds: 5}},
 			Endpoint{BaseURL: DefaultBaseURL, Timeout: 5 * time.Second}},
 		{"named key variable unset means no key", Config{APIKey: "sk-cfg", Getenv: func(string) string { return "" }},
-			schema.Profile{LLM: schema.LLMConfig{APIKeyEnv: "NOPE"}}, Endpoint{BaseURL: DefaultBaseURL, Timeout: DefaultTimeout}},
+			schema.Profile{LLM: schema.LLMConfig{APIKeyEnv: "CTXPIPE_LLM_KEY_NOPE"}}, Endpoint{BaseURL: DefaultBaseURL, Timeout: DefaultTimeout}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 )
 
 // Strategy selects how a conversation is condensed.
@@ -60,6 +61,37 @@ const (
 	// MaxPricePerMTok bounds each price, in USD per million tokens.
 	MaxPricePerMTok = 10_000.0
 )
+
+// The variables a profile's api_key_env may name. Whoever writes profiles
+// must not be able to make the service send one of its other variables
+// (its NATS password, say) as a bearer token to a URL of their choosing:
+// the operator puts the keys profiles may use in variables with this
+// prefix (or in OPENAI_API_KEY), and nothing else is read for a profile.
+const (
+	DefaultKeyEnv = "OPENAI_API_KEY"
+	KeyEnvPrefix  = "CTXPIPE_LLM_KEY_"
+	// maxKeyEnvLen bounds the name: environment names are short.
+	maxKeyEnvLen = 128
+)
+
+// KeyEnvAllowed reports whether a profile may name the variable env as
+// the one holding its API key: DefaultKeyEnv, or KeyEnvPrefix followed by
+// upper-case letters, digits and underscores.
+func KeyEnvAllowed(env string) bool {
+	if env == DefaultKeyEnv {
+		return true
+	}
+	rest, ok := strings.CutPrefix(env, KeyEnvPrefix)
+	if !ok || rest == "" || len(env) > maxKeyEnvLen {
+		return false
+	}
+	for _, c := range rest {
+		if !(c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
 
 // LLMConfig says which OpenAI-compatible endpoint and model to use.
 type LLMConfig struct {
@@ -204,6 +236,10 @@ func (p *Profile) Validate() error {
 	}{{"llm", p.LLM}, {"condense_llm", p.CondenseLLM}} {
 		if l.c.TimeoutSeconds < 0 || l.c.TimeoutSeconds > MaxLLMTimeoutSeconds {
 			return Errorf(ReasonBadProfile, "profile %q: %s.timeout_seconds must be in [0, %d]", p.ID, l.name, MaxLLMTimeoutSeconds)
+		}
+		if l.c.APIKeyEnv != "" && !KeyEnvAllowed(l.c.APIKeyEnv) {
+			return Errorf(ReasonBadProfile, "profile %q: %s.api_key_env must be %s or start with %s (an upper-case name)",
+				p.ID, l.name, DefaultKeyEnv, KeyEnvPrefix)
 		}
 	}
 	if k := p.Mask.KeepLast; k != nil && (*k < 0 || *k > MaxMaskKeepLast) {

@@ -334,6 +334,17 @@ func TestProfileValidate(t *testing.T) {
 		{"llm timeout that would wrap a Duration", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{TimeoutSeconds: 1e13}}, false},
 		{"condense_llm timeout over the cap", schema.Profile{ID: "p", ContextWindow: 1000, CondenseLLM: schema.LLMConfig{TimeoutSeconds: schema.MaxLLMTimeoutSeconds + 1}}, false},
 		{"negative llm timeout", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{TimeoutSeconds: -1}}, false},
+		// api_key_env may name only the variables set aside for LLM keys:
+		// a profile writer must not get the service's NATS password (or
+		// anything else of its environment) sent to a URL of theirs.
+		{"llm key in OPENAI_API_KEY", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{APIKeyEnv: "OPENAI_API_KEY"}}, true},
+		{"llm key in a CTXPIPE_LLM_KEY_ variable", schema.Profile{ID: "p", ContextWindow: 1000, CondenseLLM: schema.LLMConfig{APIKeyEnv: "CTXPIPE_LLM_KEY_TEAM_2"}}, true},
+		{"llm key in NATS_PASSWORD", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{APIKeyEnv: "NATS_PASSWORD"}}, false},
+		{"condense_llm key in HOME", schema.Profile{ID: "p", ContextWindow: 1000, CondenseLLM: schema.LLMConfig{APIKeyEnv: "HOME"}}, false},
+		{"llm key in the bare prefix", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{APIKeyEnv: "CTXPIPE_LLM_KEY_"}}, false},
+		{"llm key in a lower-case name", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{APIKeyEnv: "CTXPIPE_LLM_KEY_team"}}, false},
+		{"llm key in a name with '='", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{APIKeyEnv: "CTXPIPE_LLM_KEY_A=B"}}, false},
+		{"llm key in the service's key setting", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{APIKeyEnv: "CTXPIPE_LLM_API_KEY_ENV"}}, false},
 		{"prices at the cap", schema.Profile{ID: "p", ContextWindow: 1000, Prices: schema.Prices{InputPerMTok: schema.MaxPricePerMTok, OutputPerMTok: 0}}, true},
 		{"negative price", schema.Profile{ID: "p", ContextWindow: 1000, Prices: schema.Prices{InputPerMTok: -1}}, false},
 		{"price NaN", schema.Profile{ID: "p", ContextWindow: 1000, Prices: schema.Prices{OutputPerMTok: math.NaN()}}, false},
