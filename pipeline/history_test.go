@@ -143,3 +143,45 @@ func TestIncrementalHistory(t *testing.T) {
 		t.Fatalf("paged reply: seq %d (want %d), next %q, error %v", page.Seq, rep.Seq, page.NextCursor, qe)
 	}
 }
+
+// A paging cursor goes on over appends, and is refused once a condense
+// retagged the messages before it without moving any: the pages would
+// otherwise show hidden messages as visible, a view that never existed.
+func TestCursorRefusedAfterCondense(t *testing.T) {
+	h := start(t)
+	const conv = "pages"
+	ts := h.turns(conv, 10, 20)
+	h.history(conv, schema.ViewFull, ts[9].ID)
+	first, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, View: schema.ViewFull, Limit: 5})
+	if qe != nil || len(first.Messages) != 5 || first.NextCursor == "" {
+		t.Fatalf("first page: %d messages, next %q, error %v", len(first.Messages), first.NextCursor, qe)
+	}
+	more := h.turns(conv, 1, 20)
+	h.history(conv, schema.ViewFull, more[0].ID)
+	second, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, View: schema.ViewFull, Limit: 5, Cursor: first.NextCursor})
+	if qe != nil || len(second.Messages) != 5 || second.Messages[0].ID != ts[5].ID {
+		t.Fatalf("after an append the cursor goes on: %d messages, error %v", len(second.Messages), qe)
+	}
+	id := h.control(conv, schema.KindCondense, schema.Input{Trigger: schema.TriggerManual})
+	full := h.history(conv, schema.ViewFull, id)
+	hidden := 0
+	for _, m := range full[:5] {
+		if m.CondenseParent != "" {
+			hidden++
+		}
+	}
+	if hidden == 0 {
+		t.Fatal("the condense hid none of the first page's messages: the test proves nothing")
+	}
+	if _, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, View: schema.ViewFull, Limit: 5, Cursor: first.NextCursor}); qe == nil || qe.Code != schema.QueryBadRequest {
+		t.Fatalf("a cursor from before the condense: %v, want bad_request", qe)
+	}
+	// A cursor read after it goes on.
+	again, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, View: schema.ViewFull, Limit: 5})
+	if qe != nil || again.NextCursor == "" {
+		t.Fatalf("first page again: next %q, error %v", again.NextCursor, qe)
+	}
+	if _, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, View: schema.ViewFull, Limit: 5, Cursor: again.NextCursor}); qe != nil {
+		t.Fatalf("a cursor from after the condense: %v", qe)
+	}
+}

@@ -259,7 +259,7 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 		if req.View == schema.ViewEffective {
 			out = stages.EffectiveHistory(msgs)
 		}
-		if page, err = pageOf(out, req); err != nil {
+		if page, err = pageOf(out, req, h.ResetSeq); err != nil {
 			return queryError(err)
 		}
 		page.reset = req.After > 0
@@ -317,19 +317,23 @@ func appendedView(h store.History, view schema.View) (msgs []schema.Message, ok 
 }
 
 // pageOf cuts the page a request asks for out of a view. A cursor is
-// "<offset>.<id of the message before offset>": if the view changed so
-// that another message stands there (a condense, truncation or rewind in
-// between), the cursor is refused and the client reads again from the
-// start, rather than getting a page that does not follow the last.
-func pageOf(view []schema.Message, req schema.HistoryRequest) (historyPage, error) {
+// "<offset>.<reset>.<id of the message before offset>", reset being the
+// conversation's reset seq when the page was read: a condense, truncation,
+// mask, pin or rewind in between moves it (and may retag the messages
+// before offset without moving any), an append does not. A cursor whose
+// reset or id no longer holds is refused, and the client reads again from
+// the start rather than getting a page that does not follow the last.
+func pageOf(view []schema.Message, req schema.HistoryRequest, reset int64) (historyPage, error) {
 	if req.Limit == 0 && req.Cursor == "" {
 		return historyPage{msgs: view}, nil
 	}
 	from := 0
 	if req.Cursor != "" {
-		off, id, ok := strings.Cut(req.Cursor, ".")
-		n, err := strconv.Atoi(off)
-		if !ok || err != nil || n < 1 || n > len(view) || view[n-1].ID != id {
+		off, rest, ok1 := strings.Cut(req.Cursor, ".")
+		at, id, ok2 := strings.Cut(rest, ".")
+		n, err1 := strconv.Atoi(off)
+		r, err2 := strconv.ParseInt(at, 10, 64)
+		if !ok1 || !ok2 || err1 != nil || err2 != nil || r != reset || n < 1 || n > len(view) || view[n-1].ID != id {
 			return historyPage{}, schema.QueryErrorf(schema.QueryBadRequest,
 				"cursor %q does not continue this history (it changed since, or the cursor is not ours): read again without a cursor", req.Cursor)
 		}
@@ -341,7 +345,7 @@ func pageOf(view []schema.Message, req schema.HistoryRequest) (historyPage, erro
 	}
 	p := historyPage{msgs: view[from:to], total: len(view)}
 	if to < len(view) {
-		p.next = strconv.Itoa(to) + "." + view[to-1].ID
+		p.next = strconv.Itoa(to) + "." + strconv.FormatInt(reset, 10) + "." + view[to-1].ID
 	}
 	return p, nil
 }
