@@ -135,7 +135,7 @@ func planKeepTail(msgs []schema.Message, id string, keep map[string]bool) (*Cond
 				n++
 			}
 		}
-		sum := summaryMessage(id, kept, schema.RoleAssistant, kept.TS-1, schema.BlockContent(content...), count)
+		sum := summaryMessage(id, kept, schema.RoleAssistant, justBefore(kept.TS), schema.BlockContent(content...), count)
 		ed.insertAt(keepStart, sum)
 		return Condensed{Changes: ed.changes(), History: ed.msgs, Summary: sum, MessagesCondensed: n}
 	}
@@ -286,9 +286,9 @@ func planFreshStart(msgs []schema.Message, id string, keep map[string]bool, mask
 				n++
 			}
 		}
-		ref, ts := &msgs[len(msgs)-1], msgs[len(msgs)-1].TS+1
+		ref, ts := &msgs[len(msgs)-1], justAfter(msgs[len(msgs)-1].TS)
 		if keepFrom < len(msgs) {
-			ref, ts = &msgs[keepFrom], msgs[keepFrom].TS-1
+			ref, ts = &msgs[keepFrom], justBefore(msgs[keepFrom].TS)
 		}
 		sum := summaryMessage(id, ref, schema.RoleUser, ts, summaryContent(text, commands), count)
 		ed.insertAt(keepFrom, sum)
@@ -372,9 +372,9 @@ func planPreserveFraction(msgs []schema.Message, id string, keep map[string]bool
 				n++
 			}
 		}
-		ref, ts := &msgs[len(msgs)-1], msgs[len(msgs)-1].TS+1
+		ref, ts := &msgs[len(msgs)-1], justAfter(msgs[len(msgs)-1].TS)
 		if at < len(ed.msgs) {
-			ref, ts = &ed.msgs[at], ed.msgs[at].TS-1
+			ref, ts = &ed.msgs[at], justBefore(ed.msgs[at].TS)
 		}
 		sum := summaryMessage(id, ref, schema.RoleUser, ts, summaryContent(text, commands), count)
 		ed.insertAt(at, sum)
