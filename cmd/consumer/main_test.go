@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -502,5 +504,33 @@ func TestRunRejectsBadProfiles(t *testing.T) {
 				t.Fatalf("run: %v, want an error naming %s", err, tt.want)
 			}
 		})
+	}
+}
+
+// --help gives the service's default for --nats-url, its embedded server,
+// not the clients' local URL (which a user would take for a broker to run).
+func TestHelpNamesTheEmbeddedServer(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := os.Stderr
+	os.Stderr = w
+	err = NewMain().ParseFlags([]string{"--help"})
+	os.Stderr = stderr
+	w.Close()
+	out, _ := io.ReadAll(r)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("--help: %v", err)
+	}
+	help := string(out)
+	i := strings.Index(help, "\n  -nats-url ")
+	if i < 0 {
+		t.Fatalf("no --nats-url in the help:\n%s", help)
+	}
+	entry, _, _ := strings.Cut(help[i:], "\n  -nats-user")
+	if strings.Contains(entry, "4222") || !strings.Contains(entry, "embedded server") {
+		t.Fatalf("--nats-url's help: %q", entry)
 	}
 }

@@ -139,6 +139,12 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.IntVar(&c.Pipeline.MaxDeliver, "max-deliver", c.Pipeline.MaxDeliver, "deliveries before an input is rejected as poison")
 	fs.DurationVar(&c.Pipeline.ShutdownTimeout, "shutdown-timeout", c.Pipeline.ShutdownTimeout, "how long a graceful stop may take")
 	c.NATS.RegisterFlags(fs)
+	// The shared flag's default is the clients' (nats://127.0.0.1:4222);
+	// the service's is its embedded server, and --help must say so.
+	if f := fs.Lookup("nats-url"); f != nil {
+		f.DefValue = ""
+		f.Usage = "NATS server URL(s), comma-separated (env NATS_URL); default: the embedded server (see --listen)"
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
