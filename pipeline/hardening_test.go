@@ -407,3 +407,33 @@ func TestWaitForIsAnsweredByTheCommit(t *testing.T) {
 		t.Fatalf("wait_for an id committed in another conversation: %s", data)
 	}
 }
+
+// A payload that stops being JSON after its id is rejected under that id:
+// wait_for on it answers input_rejected, and the same broken payload sent
+// again (a redelivery, a client retry) is a duplicate, not a second
+// rejection.
+func TestBrokenPayloadRejectedUnderItsID(t *testing.T) {
+	h := start(t)
+	const conv = "broken"
+	id := uuid.NewString()
+	payload := []byte(`{"id":"` + id + `","conversation_id":"` + conv + `","ts":1,"role":"user","content":"never closed`)
+	h.publishRaw(schema.InputSubject(conv, schema.KindTurn), id, payload)
+	_, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, WaitFor: id})
+	if qe == nil || qe.Code != pipeline.QueryInputRejected {
+		t.Fatalf("wait_for the broken payload's id: %v, want input_rejected", qe)
+	}
+	// Again, past the stream's duplicate window (another Nats-Msg-Id).
+	h.publishRaw(schema.InputSubject(conv, schema.KindTurn), id+"-again", payload)
+	ok := schema.Turn{ID: uuid.NewString(), ConversationID: conv, TS: h.nextTS(), Role: schema.RoleUser, Content: schema.TextContent("fine")}
+	h.publish(schema.InputSubject(conv, schema.KindTurn), ok.ID, ok)
+	h.history(conv, schema.ViewFull, ok.ID)
+	var rejections []string
+	for _, ev := range h.events(conv) {
+		if r, isRej := ev.(*schema.InputRejected); isRej {
+			rejections = append(rejections, r.InputID)
+		}
+	}
+	if len(rejections) != 1 || rejections[0] != id {
+		t.Fatalf("rejections %v, want one, under %s", rejections, id)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/google/uuid"
 )
 
@@ -210,15 +211,41 @@ func ParseSubject(subject string) (conv string, kind InputKind, err error) {
 }
 
 // PeekID returns the "id" field of a payload if it can be read, so that even a
-// rejected input is recorded under its own id (and its rejection is idempotent).
+// rejected input is recorded under its own id (and its rejection is
+// idempotent: the same broken payload sent again is a duplicate, not a
+// second rejection). It reads the top-level object as far as it is well
+// formed, so an id before a syntax error, a NUL byte or a value nested past
+// any bound is still found. As DecodeInput, it matches the name
+// case-insensitively and a repeated name keeps its last value.
 func PeekID(data []byte) string {
-	var p struct {
-		ID string `json:"id"`
-	}
-	if json.Unmarshal(data, &p) != nil {
+	dec := jsontext.NewDecoder(bytes.NewReader(data), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	if tok, err := dec.ReadToken(); err != nil || tok.Kind() != '{' {
 		return ""
 	}
-	return p.ID
+	id := ""
+	for {
+		name, err := dec.ReadToken()
+		if err != nil || name.Kind() != '"' {
+			return id // the object's end, or where it stops being JSON
+		}
+		if !strings.EqualFold(name.String(), "id") {
+			if dec.SkipValue() != nil {
+				return id
+			}
+			continue
+		}
+		v, err := dec.ReadToken()
+		if err != nil {
+			return id
+		}
+		id = ""
+		if v.Kind() == '"' {
+			id = v.String()
+		} else if v.Kind() == '{' || v.Kind() == '[' {
+			// Not an id; and the rest of it is not worth reading.
+			return ""
+		}
+	}
 }
 
 // DecodeInput decodes and validates the payload received on subject. A

@@ -179,6 +179,38 @@ func TestDecodeInputTurn(t *testing.T) {
 	}
 }
 
+// A payload that stops being JSON after its id is rejected under that id
+// (an outside campaign found these rejected under an id made from the
+// stream sequence: wait_for on the real id timed out, and sending the same
+// broken payload again made a second rejection).
+func TestPeekIDOfBrokenPayloads(t *testing.T) {
+	const id = "b6d23469-f65d-4c7b-9f3e-2a1d0c9b8a76"
+	deep := strings.Repeat("[", 100_000)
+	for _, c := range []struct {
+		name, payload, want string
+	}{
+		{"a NUL byte in a later string", `{"id":"` + id + `","role":"user","content":"a` + "\x00" + `b"}`, id},
+		{"a raw NUL byte in a later string", "{\"id\":\"" + id + "\",\"content\":\"a\x00b\"}", id},
+		{"unterminated", `{"id":"` + id + `","role":"user","content":"abc`, id},
+		{"unterminated object", `{"id":"` + id + `"`, id},
+		{"nested 100,000 deep after the id", `{"id":"` + id + `","content":` + deep, id},
+		{"nested deep before the id", `{"content":` + deep + `]], "id":"` + id + `"}`, ""},
+		{"the id after other members", `{"role":"user","ts":1,"meta":{"id":"not-this"},"id":"` + id + `"}`, id},
+		{"a name in other case", `{"ID":"` + id + `"}`, id},
+		{"a repeated id keeps the last", `{"id":"first","id":"` + id + `"}`, id},
+		{"an id that is not a string", `{"id":{"x":1}}`, ""},
+		{"no id", `{"role":"user"}`, ""},
+		{"an array", `["` + id + `"]`, ""},
+		{"empty", ``, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := schema.PeekID([]byte(c.payload)); got != c.want {
+				t.Errorf("PeekID = %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
 func TestContentRoundTrip(t *testing.T) {
 	tests := []struct {
 		name     string
