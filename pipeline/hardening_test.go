@@ -437,3 +437,37 @@ func TestBrokenPayloadRejectedUnderItsID(t *testing.T) {
 		t.Fatalf("rejections %v, want one, under %s", rejections, id)
 	}
 }
+
+// A UUID is the same input id in either case: sent in upper case it is kept
+// in lower case, wait_for finds it in either, and the same id in the other
+// case with other content is a reused id, not a second input.
+func TestInputIDsIgnoreCase(t *testing.T) {
+	h := start(t)
+	const conv = "cased"
+	lower := uuid.NewString()
+	upper := strings.ToUpper(lower)
+	first := schema.Turn{ID: upper, ConversationID: conv, TS: h.nextTS(), Role: schema.RoleUser, Content: schema.TextContent("first")}
+	h.publish(schema.InputSubject(conv, schema.KindTurn), upper, first)
+	got := h.history(conv, schema.ViewFull, upper)
+	if len(got) != 1 || got[0].ID != lower {
+		t.Fatalf("history after the upper-case turn: %+v", got)
+	}
+	h.history(conv, schema.ViewFull, lower) // wait_for in the other case returns at once
+	second := schema.Turn{ID: lower, ConversationID: conv, TS: h.nextTS(), Role: schema.RoleUser, Content: schema.TextContent("second")}
+	h.publish(schema.InputSubject(conv, schema.KindTurn), lower+"-msgid", second)
+	marker := schema.Turn{ID: uuid.NewString(), ConversationID: conv, TS: h.nextTS(), Role: schema.RoleUser, Content: schema.TextContent("marker")}
+	h.publish(schema.InputSubject(conv, schema.KindTurn), marker.ID, marker)
+	got = h.history(conv, schema.ViewFull, marker.ID)
+	if len(got) != 2 || got[0].Content.Text != "first" || got[1].ID != marker.ID {
+		t.Fatalf("the same id in the other case was applied again: %d messages", len(got))
+	}
+	var reasons []schema.Reason
+	for _, ev := range h.events(conv) {
+		if r, ok := ev.(*schema.InputRejected); ok {
+			reasons = append(reasons, r.Reason)
+		}
+	}
+	if len(reasons) != 1 || reasons[0] != schema.ReasonDuplicateID {
+		t.Fatalf("rejections %v, want one %s", reasons, schema.ReasonDuplicateID)
+	}
+}

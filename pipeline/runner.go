@@ -610,6 +610,7 @@ func (r *Runner) rejection(j *job, id string, cause error) store.Entry {
 	if !validUUID(id) {
 		id = stages.DeriveID(fmt.Sprintf("%s/seq/%d", bus.StreamIn, j.seq), "input")
 	}
+	id = schema.CanonicalID(id)
 	reason := schema.ReasonOf(cause)
 	msg := cause.Error()
 	var se *schema.Error

@@ -291,6 +291,7 @@ func DecodeInput(subject string, data []byte) (Input, error) {
 			return Input{}, Errorf(ReasonConversationMismatch, "turn names conversation %q but arrived on %q", t.ConversationID, subject)
 		}
 		t.ConversationID = conv
+		t.ID = CanonicalID(t.ID)
 		in.ID, in.TS, in.Turn = t.ID, t.TS, &t
 		return in, nil
 	}
@@ -307,7 +308,7 @@ func DecodeInput(subject string, data []byte) (Input, error) {
 	if c.TS <= 0 {
 		return Input{}, Errorf(ReasonBadTS, "ts must be a positive Unix time in milliseconds")
 	}
-	in.ID, in.TS, in.IncludeTarget = c.ID, c.TS, c.IncludeTarget
+	in.ID, in.TS, in.IncludeTarget = CanonicalID(c.ID), c.TS, c.IncludeTarget
 	if kind == KindCondense {
 		switch c.Trigger {
 		case "", TriggerManual:
@@ -337,7 +338,7 @@ func DecodeInput(subject string, data []byte) (Input, error) {
 		if c.Pinned == nil {
 			return Input{}, Errorf(ReasonInvalidJSON, "a pin input needs pinned: true or false")
 		}
-		in.MessageID, in.Pinned = c.MessageID, *c.Pinned
+		in.MessageID, in.Pinned = CanonicalID(c.MessageID), *c.Pinned
 	} else if c.MessageID != "" || c.Pinned != nil {
 		return Input{}, Errorf(ReasonInvalidJSON, "message_id and pinned belong to pin inputs only")
 	}
@@ -385,6 +386,12 @@ func compactValid(b []byte) []byte {
 	}
 	return b[:w]
 }
+
+// CanonicalID is a UUID as the service keeps it: in lower case. A UUID is
+// the same in either case (RFC 9562), and clients differ (Swift writes upper
+// case, most others lower): the same input sent in both must be one input,
+// and wait_for must find it either way.
+func CanonicalID(id string) string { return strings.ToLower(id) }
 
 func validateID(id string) error {
 	if id == "" {

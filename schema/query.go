@@ -97,6 +97,7 @@ func (r *HistoryRequest) Validate() error {
 		if _, err := uuid.Parse(r.WaitFor); err != nil || len(r.WaitFor) != 36 {
 			return QueryErrorf(QueryBadRequest, "wait_for %q is not an input id (UUID)", r.WaitFor)
 		}
+		r.WaitFor = CanonicalID(r.WaitFor)
 	}
 	if r.TimeoutMS < 0 {
 		return QueryErrorf(QueryBadRequest, "timeout_ms must not be negative")

@@ -82,18 +82,18 @@ type SeenInput struct {
 }
 
 // SeenInputs returns, for each of ids already stored as an input, its
-// conversation, payload hash and status, in one query per 500 ids. The
+// conversation, payload hash and status, in one query per 250 ids (each looked up in both forms, see legacyForm). The
 // pipeline checks a lane batch with it: the same conversation and hash is an
 // identical redelivery (a silent no-op); anything else is a reused id.
 func (s *Store) SeenInputs(ctx context.Context, ids []string) (map[string]SeenInput, error) {
 	seen := make(map[string]SeenInput, len(ids))
 	for len(ids) > 0 {
-		n := min(len(ids), 500) // under SQLite's bound-parameter limit
-		args := make([]any, n)
-		for i, id := range ids[:n] {
-			args[i] = id
+		n := min(len(ids), 250) // two forms each, under SQLite's bound-parameter limit
+		args := make([]any, 0, 2*n)
+		for _, id := range ids[:n] {
+			args = append(args, id, legacyForm(id))
 		}
-		q := "SELECT id, conversation_id, payload_hash, status FROM inputs WHERE id IN (?" + strings.Repeat(",?", n-1) + ")"
+		q := "SELECT id, conversation_id, payload_hash, status FROM inputs WHERE id IN (?" + strings.Repeat(",?", len(args)-1) + ")"
 		rows, err := s.r.QueryContext(ctx, q, args...)
 		if err != nil {
 			return nil, fmt.Errorf("seen inputs: %w", err)
@@ -110,7 +110,7 @@ func (s *Store) SeenInputs(ctx context.Context, ids []string) (map[string]SeenIn
 			}
 			copy(si.PayloadHash[:], hash)
 			si.Status = Status(st)
-			seen[id] = si
+			seen[strings.ToLower(id)] = si
 		}
 		if err := rows.Close(); err != nil {
 			return nil, fmt.Errorf("seen inputs: %w", err)
@@ -126,7 +126,8 @@ func (s *Store) SeenInputs(ctx context.Context, ids []string) (map[string]SeenIn
 // different conversation's input with the same id did.
 func (s *Store) InputStatusIn(ctx context.Context, conv, id string) (status Status, reason string, found bool, err error) {
 	var st string
-	err = s.r.QueryRowContext(ctx, "SELECT status, reason FROM inputs WHERE id = ? AND conversation_id = ?", id, conv).Scan(&st, &reason)
+	err = s.r.QueryRowContext(ctx, "SELECT status, reason FROM inputs WHERE id IN (?, ?) AND conversation_id = ? LIMIT 1",
+		id, legacyForm(id), conv).Scan(&st, &reason)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", "", false, nil
 	}
@@ -135,3 +136,9 @@ func (s *Store) InputStatusIn(ctx context.Context, conv, id string) (status Stat
 	}
 	return Status(st), reason, true, nil
 }
+
+// legacyForm is the upper-case form of an input id. Ids are kept in lower
+// case (schema.CanonicalID); before that they were kept as sent, and the
+// clients that send upper case send all of it (Swift's uuidString): an
+// input stored so before is still found when it comes again.
+func legacyForm(id string) string { return strings.ToUpper(id) }

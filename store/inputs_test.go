@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -154,6 +155,25 @@ func TestSeenInputs(t *testing.T) {
 	}
 	if got, err := s.SeenInputs(ctx, nil); err != nil || len(got) != 0 {
 		t.Fatalf("SeenInputs(nil) = %v, %v", got, err)
+	}
+}
+
+// An input stored with an upper-case id, as ids were kept before they were
+// kept in lower case, is found by its lower-case form: its redelivery is
+// not applied a second time, and wait_for finds it.
+func TestInputsStoredInUpperCaseAreFound(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	e := turnEntry("c")
+	lower := e.Input.ID
+	e.Input.ID = strings.ToUpper(lower)
+	commit(t, s, e)
+	got, err := s.SeenInputs(ctx, []string{lower})
+	if err != nil || got[lower] != (SeenInput{ConversationID: "c", PayloadHash: PayloadHash(e.Input.Payload), Status: e.Input.Status}) {
+		t.Fatalf("SeenInputs(%s) = %+v, %v", lower, got, err)
+	}
+	if st, _, found, err := s.InputStatusIn(ctx, "c", lower); err != nil || !found || st != e.Input.Status {
+		t.Fatalf("InputStatusIn(%s) = %v, %v, %v", lower, st, found, err)
 	}
 }
 
