@@ -82,9 +82,10 @@ type SeenInput struct {
 }
 
 // SeenInputs returns, for each of ids already stored as an input, its
-// conversation, payload hash and status, in one query per 250 ids (each looked up in both forms, see legacyForm). The
-// pipeline checks a lane batch with it: the same conversation and hash is an
-// identical redelivery (a silent no-op); anything else is a reused id.
+// conversation, payload hash and status, in one query per 250 ids (each
+// looked up in both forms, see legacyForm). The pipeline checks a lane
+// batch with it: the same conversation and hash is an identical redelivery
+// (a silent no-op); anything else is a reused id.
 func (s *Store) SeenInputs(ctx context.Context, ids []string) (map[string]SeenInput, error) {
 	seen := make(map[string]SeenInput, len(ids))
 	for len(ids) > 0 {
