@@ -196,6 +196,9 @@ func TestPublishOpenAIWithWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
+	if err := e.nc.Flush(); err != nil { // the responder is known to the server first
+		t.Fatal(err)
+	}
 
 	code, stdout, stderr := e.cli(t, e.ctx, "publish", "--conv", "oa", "--wait", file)
 	if code != 0 {
@@ -324,6 +327,9 @@ func TestLoadWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
+	if err := e.nc.Flush(); err != nil { // the responder is known to the server first
+		t.Fatal(err)
+	}
 	code, _, stderr := e.cli(t, e.ctx, "load", "--convs", "4", "--turns", "5", "--size", "small", "--wait")
 	if code != 0 || !strings.Contains(stderr, "end to end: 4/4 conversations readable") {
 		t.Fatalf("exit %d: %s", code, stderr)
@@ -404,6 +410,12 @@ func TestQueries(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer sub.Unsubscribe()
+	}
+	// The subscriptions must reach the server before the CLI's first
+	// request does (another connection): without this the first one could
+	// find no responder (seen once in CI).
+	if err := e.nc.Flush(); err != nil {
+		t.Fatal(err)
 	}
 	tests := []struct {
 		name string
