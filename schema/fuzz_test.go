@@ -87,6 +87,7 @@ func FuzzDecodeInput(f *testing.F) {
 	f.Fuzz(func(t *testing.T, conv string, data []byte) {
 		subject := schema.InputSubject(conv, schema.KindTurn)
 		in, err := schema.DecodeInput(subject, data)
+		peeked := schema.PeekID(data) // whatever the bytes, it returns
 		if err != nil {
 			if schema.ReasonOf(err) == "" {
 				t.Fatalf("rejection without a reason: %v", err)
@@ -95,6 +96,11 @@ func FuzzDecodeInput(f *testing.F) {
 		}
 		if in.Turn == nil || in.ID != in.Turn.ID || in.TS != in.Turn.TS || in.ConversationID != conv {
 			t.Fatalf("input header disagrees with its turn: %+v", in)
+		}
+		// PeekID (which names a rejection the decoder makes) and the
+		// decoder agree on the id of every payload the decoder accepts.
+		if schema.CanonicalID(peeked) != in.ID {
+			t.Fatalf("PeekID read %q, the decoder %q", peeked, in.ID)
 		}
 		if u := in.Turn.Usage; u != nil && (u.Total() <= 0 || u.Total() > schema.MaxTokenCount) {
 			t.Fatalf("accepted a usage out of bounds: %+v", *u)
