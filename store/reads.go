@@ -169,10 +169,17 @@ func (s *Store) readHistory(ctx context.Context, conv string, visibleOnly bool, 
 		h.Incremental = true
 		// Appended messages carry no parent tags (a tag change is not an
 		// append): visible in both views.
-		added, err := s.scanHistory(ctx, tx, conv, h.Bodies, true, `SELECT `+cols+`m.body, m.pos FROM messages m
-			WHERE m.conversation_id = ?1 AND m.seq > ?2 ORDER BY m.pos`, conv, after)
+		from, found, err := appendedFrom(ctx, tx, conv, after)
 		if err != nil {
 			return h, err
+		}
+		var added []posMessage
+		if found {
+			added, err = s.scanHistory(ctx, tx, conv, h.Bodies, true, `SELECT `+cols+`m.body, m.pos FROM messages m
+				WHERE m.conversation_id = ?1 AND m.pos >= ?2 ORDER BY m.pos`, conv, from)
+			if err != nil {
+				return h, err
+			}
 		}
 		if len(added) > 0 && visibleOnly && hasToolResult(added) {
 			q := `SELECT ` + cols + `NULL, m.pos FROM messages m WHERE m.conversation_id = ?1 AND m.pos < ?2` + visibleFilter +
@@ -208,6 +215,39 @@ func (s *Store) readHistory(ctx context.Context, conv string, visibleOnly bool, 
 type posMessage struct {
 	schema.Message
 	pos float64
+}
+
+// appendedFrom finds where the messages stored after seq after begin: the
+// position of the first of them (found: there is one). It walks the
+// conversation's messages backwards by position in messages_by_pos, which
+// holds each one's seq, until a message stored at or before after. Its
+// caller reads incrementally only when nothing but appends happened since
+// after, and appends go last: the messages stored since are the last ones
+// by position, and only they and one more are read, from the index alone.
+func appendedFrom(ctx context.Context, tx *sql.Tx, conv string, after int64) (from float64, found bool, err error) {
+	rows, err := tx.QueryContext(ctx, `SELECT pos, seq FROM messages INDEXED BY messages_by_pos
+		WHERE conversation_id = ?1 ORDER BY pos DESC`, conv)
+	if err != nil {
+		return 0, false, fmt.Errorf("history of %s: %w", conv, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			pos float64
+			seq int64
+		)
+		if err := rows.Scan(&pos, &seq); err != nil {
+			return 0, false, fmt.Errorf("history of %s: %w", conv, err)
+		}
+		if seq <= after {
+			break
+		}
+		from, found = pos, true
+	}
+	if err := rows.Err(); err != nil {
+		return 0, false, fmt.Errorf("history of %s: %w", conv, err)
+	}
+	return from, found, nil
 }
 
 // scanHistory runs q, whose columns are the tags, the body (or NULL) and
