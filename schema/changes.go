@@ -12,9 +12,10 @@ type ConversationState struct {
 	ContextTokens int    `json:"context_tokens"`
 	SystemPrompt  string `json:"system_prompt,omitempty"`
 	SystemTokens  int    `json:"system_tokens"`
-	// CondenseBlocked is Gemini's latch: after a failed automatic condense,
-	// automatic triggers only truncate until a condense succeeds or a manual
-	// one is asked for.
+	// CondenseBlocked is Gemini's latch: after an automatic or forced
+	// condense whose summary failed (the model erred, said nothing, or grew
+	// the context), those triggers only truncate until a condense succeeds
+	// or a rewind applies. A refusal before any model call does not set it.
 	CondenseBlocked bool `json:"condense_blocked,omitempty"`
 	// LastToolUseIDs are the tool_use ids of the latest assistant turn, which
 	// a following tool_result must answer.

@@ -257,6 +257,21 @@ func (r *run) mask(d Decision) bool {
 	return true
 }
 
+// latches tells whether an automatic or forced condense that failed for
+// reason blocks the next ones (Gemini's latch): only when the summarizer
+// was asked and its work was no good, since asking again on every turn
+// would cost a model call each time for the same result. A refusal made
+// before any call (too few messages yet, a summary too recent, pinned
+// messages over the window) costs nothing to decide again, and the next
+// turns may well change it: Roo decides again on every turn.
+func latches(reason schema.Reason) bool {
+	switch reason {
+	case schema.ReasonLLMError, schema.ReasonEmptySummary, schema.ReasonContextGrew:
+		return true
+	}
+	return false
+}
+
 func (r *run) condense(d Decision) (bool, error) {
 	// The real context before, on the same footing as the recount after:
 	// an overflow raises d.Prev to the window, and a provider's usage counts
@@ -293,7 +308,7 @@ func (r *run) condense(d Decision) (bool, error) {
 			EventHeader: r.header(schema.EventCondenseFailed),
 			Error:       reason, Message: msg, Cost: cost, Trigger: d.Trigger,
 		})
-		if d.Trigger != schema.TriggerManual {
+		if d.Trigger != schema.TriggerManual && latches(reason) {
 			r.st.CondenseBlocked = true
 		}
 		r.log().Info("condense failed", "reason", reason, "detail", msg, "trigger", d.Trigger)

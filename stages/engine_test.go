@@ -389,3 +389,44 @@ func TestEngineOverflowVerifiesRealShrink(t *testing.T) {
 		t.Fatalf("state %+v", c.State)
 	}
 }
+
+// A condense refused before any model call (too few messages yet) does not
+// block the next ones: each later turn over the threshold tries again, as
+// Roo decides again on every turn, and one succeeds once there is enough
+// to summarize. Only a summarizer's failure latches (see
+// TestEngineContextGrewFallsBackToTruncation).
+func TestRefusalBeforeTheModelDoesNotLatch(t *testing.T) {
+	sum := &fixedSummarizer{text: "summary"}
+	c := newConv(sum, smallProfile()) // allowed 800, threshold 75 % = 750
+	ctx := context.Background()
+	var evs []schema.Event
+	for i := range 3 { // 780 tokens in three messages: over 75 %, too few to condense
+		var err error
+		evs, err = c.Append(ctx, turnOf(i, 260))
+		mustNoErr(t, err)
+	}
+	var failed *schema.CondenseFailed
+	for _, e := range evs {
+		if f, ok := e.(*schema.CondenseFailed); ok {
+			failed = f
+		}
+	}
+	if failed == nil || failed.Error != schema.ReasonNotEnoughMessages {
+		t.Fatalf("third turn at 78 %%: %v", types(evs))
+	}
+	if c.State.CondenseBlocked {
+		t.Fatal("a refusal before any model call blocked later condenses")
+	}
+	condensed := false
+	for i := 3; i < 9 && !condensed; i++ {
+		evs, err := c.Append(ctx, turnOf(i, 5))
+		mustNoErr(t, err)
+		for _, e := range evs {
+			_, ok := e.(*schema.CondenseContext)
+			condensed = condensed || ok
+		}
+	}
+	if !condensed || len(sum.requests) == 0 {
+		t.Fatalf("no later turn condensed (%d summarizer calls)", len(sum.requests))
+	}
+}

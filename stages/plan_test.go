@@ -567,7 +567,11 @@ func TestFreshStartNeedsTwoMessagesSinceSummary(t *testing.T) {
 			t.Errorf("%d after the summary: %v, want %q", tc.after, err, tc.want)
 		}
 	}
-	// Through the engine, a manual request gets condense_failed with the reason.
+	// Through the engine, a manual request gets condense_failed with the
+	// reason. (A reserve for the reply that leaves room: with the default
+	// one, 8,192 tokens, a 1,000-token window is always over its allowed
+	// size, and every turn would condense on its own.)
+	p.MaxTokens = 100
 	c := newConv(&fixedSummarizer{text: "s"}, p)
 	ctx := context.Background()
 	for i := 0; i < 6; i++ {
