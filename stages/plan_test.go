@@ -615,3 +615,29 @@ func TestTruncationKeepsToolExchanges(t *testing.T) {
 		}
 	}
 }
+
+// When stepping back from a cut inside a tool exchange reaches the task (the
+// call is the first message after it), the truncation steps forward past the
+// exchange instead: a context over its allowed size still shrinks (an
+// outside conformance run found it truncating nothing here).
+func TestTruncationStepsForwardPastAnExchangeAfterTheTask(t *testing.T) {
+	h := msgs(7)
+	h[1].Content = schema.BlockContent(toolUse("X", "bash", `{}`), toolUse("Y", "bash", `{}`))
+	h[2].Content = schema.BlockContent(toolResult("X", "out"))
+	h[3].Role = schema.RoleUser
+	h[3].Content = schema.BlockContent(toolResult("Y", "out"))
+	h[4].Role = schema.RoleAssistant
+	h[5].Role = schema.RoleUser
+	h[6].Role = schema.RoleAssistant
+	tr, ok := PlanTruncation(h, 0.5, "t", lenCount)
+	checkTruncation(t, h, tr, ok, "step forward")
+	if !ok || tr.Removed != 3 {
+		t.Fatalf("removed %d, ok %v: want the whole exchange (3 messages) hidden", tr.Removed, ok)
+	}
+	if got := join(EffectiveHistory(tr.History)); got != "m0 T m4 m5 m6" {
+		t.Fatalf("effective %q", got)
+	}
+	if lost := lostResults(tr.History); len(lost) > 0 {
+		t.Fatalf("results %v dropped", lost)
+	}
+}

@@ -116,8 +116,24 @@ func PlanTruncationKeeping(msgs []schema.Message, frac float64, truncID string, 
 		n = int(f)
 	}
 	n -= n % 2
-	for n > 0 && eff[visible[n+1]].Role != schema.RoleAssistant && eff[visible[n+1]].Content.HasBlock(schema.BlockToolResult) {
+	// The first message kept must not be a tool result: its call would be
+	// hidden. Step back to the exchange's start; if that reaches the task
+	// (the call is the first message after it), step forward past the
+	// exchange instead, so that a context over its allowed size still
+	// shrinks.
+	result := func(k int) bool {
+		return eff[visible[k]].Role != schema.RoleAssistant && eff[visible[k]].Content.HasBlock(schema.BlockToolResult)
+	}
+	even := n
+	for n > 0 && result(n+1) {
 		n--
+	}
+	if n <= 0 && even > 0 {
+		for n = even; n < len(visible)-2 && result(n+1); n++ {
+		}
+		if result(n + 1) {
+			n = 0
+		}
 	}
 	if n <= 0 {
 		return Truncation{}, false
