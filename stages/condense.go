@@ -128,11 +128,11 @@ func planKeepTail(msgs []schema.Message, id string, keep map[string]bool) (*Cond
 		content = append(content, toolUses...)
 		kept := &msgs[keepStart]
 		ed := newEditor(msgs)
-		n := 0
+		n, visible := 0, idSet(EffectiveHistory(msgs))
 		for i := 1; i < keepStart; i++ {
 			if ed.msgs[i].CondenseParent == "" && !keep[ed.msgs[i].ID] {
 				ed.tagAt(i, schema.TagCondenseParent, id)
-				n++
+				n += hid(visible, ed.msgs[i].ID)
 			}
 		}
 		sum := summaryMessage(id, kept, schema.RoleAssistant, justBefore(kept.TS), schema.BlockContent(content...), count)
@@ -279,11 +279,11 @@ func planFreshStart(msgs []schema.Message, id string, keep map[string]bool, mask
 	}
 	plan.finish = func(text string, count func(schema.Content) int) Condensed {
 		ed := newEditor(msgs)
-		n := 0
+		n, visible := 0, idSet(EffectiveHistory(msgs))
 		for i := 0; i < keepFrom; i++ {
 			if ed.msgs[i].CondenseParent == "" && !keep[ed.msgs[i].ID] {
 				ed.tagAt(i, schema.TagCondenseParent, id)
-				n++
+				n += hid(visible, ed.msgs[i].ID)
 			}
 		}
 		ref, ts := &msgs[len(msgs)-1], justAfter(msgs[len(msgs)-1].TS)
@@ -361,7 +361,7 @@ func planPreserveFraction(msgs []schema.Message, id string, keep map[string]bool
 	}
 	plan.finish = func(text string, count func(schema.Content) int) Condensed {
 		ed := newEditor(msgs)
-		at, n := len(ed.msgs), 0
+		at, n, visible := len(ed.msgs), 0, idSet(eff)
 		for i := range ed.msgs {
 			if split < len(eff) && ed.msgs[i].ID == eff[split].ID {
 				at = i
@@ -369,7 +369,7 @@ func planPreserveFraction(msgs []schema.Message, id string, keep map[string]bool
 			}
 			if ed.msgs[i].CondenseParent == "" && !keep[ed.msgs[i].ID] {
 				ed.tagAt(i, schema.TagCondenseParent, id)
-				n++
+				n += hid(visible, ed.msgs[i].ID)
 			}
 		}
 		ref, ts := &msgs[len(msgs)-1], justAfter(msgs[len(msgs)-1].TS)
@@ -590,4 +590,14 @@ func commandBlocks(m schema.Message) string {
 		}
 	}
 	return strings.Join(commandPattern.FindAllString(strings.Join(text, "\n"), -1), "\n")
+}
+
+// hid is what tagging message id adds to a condense's messages_condensed:
+// one if it was in the effective history, nothing if an earlier truncation
+// hid it already (it is tagged all the same).
+func hid(visible map[string]bool, id string) int {
+	if visible[id] {
+		return 1
+	}
+	return 0
 }

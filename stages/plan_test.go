@@ -641,3 +641,26 @@ func TestTruncationStepsForwardPastAnExchangeAfterTheTask(t *testing.T) {
 		t.Fatalf("results %v dropped", lost)
 	}
 }
+
+// messages_condensed counts what the condense hid from the effective
+// history: not the messages an earlier truncation hid already, which it
+// tags all the same (an outside conformance run saw 8 for 3).
+func TestMessagesCondensedCountsWhatWasVisible(t *testing.T) {
+	for _, s := range []schema.Strategy{schema.StrategyKeepTail, schema.StrategyFreshStart, schema.StrategyPreserveFraction} {
+		t.Run(string(s), func(t *testing.T) {
+			tr, ok := PlanTruncation(msgs(16), 0.5, "t", lenCount)
+			if !ok {
+				t.Fatal("nothing truncated")
+			}
+			p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: s}
+			plan, err := PlanCondense(tr.History, &p, "in")
+			mustNoErr(t, err)
+			c := plan.Finish("summary", lenCount)
+			before, after := EffectiveHistory(tr.History), EffectiveHistory(c.History)
+			if want := len(before) - (len(after) - 1); c.MessagesCondensed != want || want <= 0 {
+				t.Fatalf("messages_condensed %d, but %d visible messages were hidden (%d → %d, summary added)",
+					c.MessagesCondensed, want, len(before), len(after))
+			}
+		})
+	}
+}
