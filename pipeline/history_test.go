@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -176,10 +177,18 @@ func TestCursorRefusedAfterCondense(t *testing.T) {
 	if _, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, View: schema.ViewFull, Limit: 5, Cursor: first.NextCursor}); qe == nil || qe.Code != schema.QueryBadRequest {
 		t.Fatalf("a cursor from before the condense: %v, want bad_request", qe)
 	}
-	// A cursor read after it goes on.
+	// A cursor read after it goes on; forged or mangled ones do not.
 	again, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, View: schema.ViewFull, Limit: 5})
 	if qe != nil || again.NextCursor == "" {
 		t.Fatalf("first page again: next %q, error %v", again.NextCursor, qe)
+	}
+	off, rest, _ := strings.Cut(again.NextCursor, ".")
+	_, last, _ := strings.Cut(rest, ".")
+	for _, bad := range []string{off + "." + last, off + ".x." + last, off + ".." + last, off + ".99999999999999999999." + last,
+		off + ".-1." + last, "0.0." + last, "999.0." + last, off + "." + rest + "x"} {
+		if _, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, View: schema.ViewFull, Limit: 5, Cursor: bad}); qe == nil || qe.Code != schema.QueryBadRequest {
+			t.Fatalf("cursor %q: %v, want bad_request", bad, qe)
+		}
 	}
 	if _, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, View: schema.ViewFull, Limit: 5, Cursor: again.NextCursor}); qe != nil {
 		t.Fatalf("a cursor from after the condense: %v", qe)
