@@ -91,7 +91,11 @@ func Series(msgs []schema.Message, evs []schema.Event) []Point {
 			out = append(out, Point{X: i + 1, Y: prev}, Point{X: i + 1, Y: next, Kind: e.Header().Type})
 			running = next
 		}
-		if len(byTurn[i]) == 0 || out[len(out)-1].X != i+1 {
+		// A turn gets its own point unless a reduction at it made two:
+		// events that are not reductions (a failed condense, a rejected
+		// control input placed here by time) leave it one, even on the
+		// first turn, where out is still empty.
+		if len(out) == 0 || out[len(out)-1].X != i+1 {
 			out = append(out, Point{X: i + 1, Y: running})
 		}
 	}
