@@ -29,15 +29,22 @@
 // something that authenticates. Two guards keep another web site from
 // driving a browser on the same machine against it: a control request must
 // be JSON (which a cross-site form cannot send without a CORS preflight the
-// dashboard never grants) and a cross-origin Origin is refused.
+// dashboard never grants) and a cross-origin Origin is refused. A third
+// keeps a site from rebinding its own name to this machine's loopback
+// address, which would make its page same-origin with the dashboard: a
+// request must name the dashboard by an IP address, localhost, or one of
+// the names the operator gives it (Deps.Hosts, --http-hosts).
 package dashboard
 
 import (
 	"embed"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -72,6 +79,10 @@ type Deps struct {
 	// Poll is how often an open page's event stream checks the store for
 	// new turns, which emit no event (0: 300 ms).
 	Poll time.Duration
+	// Hosts are the names, besides IP addresses and localhost, that a
+	// request may call the dashboard by (its Host header); any other is
+	// refused (see the package comment).
+	Hosts []string
 }
 
 // Dashboard serves the pages, the JSON API and the event streams.
@@ -140,5 +151,34 @@ func (h *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; frame-ancestors 'none'")
+	if !h.knownHost(r.Host) {
+		writeJSON(w, http.StatusMisdirectedRequest, apiError{Error: fmt.Sprintf(
+			"host %q is not a name of this dashboard: use its address, localhost, or a name given with --http-hosts", r.Host)})
+		return
+	}
 	h.mux.ServeHTTP(w, r)
+}
+
+// knownHost tells whether a request's Host names this dashboard: an IP
+// address (a rebinding site has a name, not an address), localhost or a
+// name under it (browsers resolve those to loopback themselves), or one of
+// Deps.Hosts.
+func (h *Dashboard) knownHost(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport // no port
+	}
+	host = strings.ToLower(strings.TrimSuffix(strings.Trim(host, "[]"), "."))
+	if host == "" {
+		return false
+	}
+	if net.ParseIP(host) != nil || host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	for _, name := range h.d.Hosts {
+		if strings.EqualFold(strings.TrimSuffix(name, "."), host) {
+			return true
+		}
+	}
+	return false
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/client"
 	"github.com/ctxpipe/ctxpipe/dashboard"
+	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -366,6 +368,12 @@ func TestControlGuards(t *testing.T) {
 		{"rewind without ts", "/api/conversations/g/rewind", `{}`, nil, 400},
 		{"unknown field", "/api/conversations/g/rewind", `{"ts":1,"what":2}`, nil, 400},
 		{"same origin", "/api/conversations/g/condense", `{}`, map[string]string{"Origin": e.srv.URL}, 202},
+		// A site that rebound its name to 127.0.0.1 is same-origin with
+		// itself; the dashboard does not answer to its name.
+		{"rebound name", "/api/conversations/g/condense", `{}`, map[string]string{"Host": "attacker.example:9464", "Origin": "http://attacker.example:9464"}, 421},
+		{"rebound name, no origin", "/api/conversations/g/condense", `{}`, map[string]string{"Host": "attacker.example"}, 421},
+		{"localhost", "/api/conversations/g/condense", `{}`, map[string]string{"Host": "localhost:9464", "Origin": "http://localhost:9464"}, 202},
+		{"IPv6 loopback", "/api/conversations/g/condense", `{}`, map[string]string{"Host": "[::1]:9464", "Origin": "http://[::1]:9464"}, 202},
 	} {
 		if code, rep := e.post(c.path, c.body, c.header); code != c.want {
 			t.Errorf("%s: %d %v, want %d", c.name, code, rep, c.want)
@@ -472,6 +480,34 @@ func TestCloseEndsStreams(t *testing.T) {
 			}
 		case <-timeout:
 			t.Fatal("the event stream is still open after Close")
+		}
+	}
+}
+
+// Reads too answer only to the dashboard's names: a rebound name would
+// read every tenant's conversations. A name the operator gives (Hosts)
+// is one of them.
+func TestUnknownHostsAreRefused(t *testing.T) {
+	e := start(t)
+	e.publish(sampleTurns(t, "h")[:2])
+	get := func(d http.Handler, host string) int {
+		req := httptest.NewRequest(http.MethodGet, "/api/conversations", nil)
+		req.Host = host
+		rec := httptest.NewRecorder()
+		d.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	d, err := dashboard.New(dashboard.Deps{Store: e.svc.Store, JS: e.js, Profiles: pipeline.StaticProfiles(demo16k()), Hosts: []string{"ctxpipe.internal"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for host, want := range map[string]int{
+		"127.0.0.1:9464": 200, "localhost": 200, "app.localhost:1": 200, "[::1]:9464": 200, "10.0.0.7:9464": 200,
+		"ctxpipe.internal:9464": 200, "CTXPIPE.internal.": 200,
+		"attacker.example:9464": 421, "localhost.attacker.example": 421, "": 421, "127.0.0.1.nip.io:9464": 421,
+	} {
+		if got := get(d, host); got != want {
+			t.Errorf("Host %q: %d, want %d", host, got, want)
 		}
 	}
 }

@@ -153,6 +153,9 @@ func (e *env) post(path, body string, header map[string]string) (int, map[string
 	for k, v := range header {
 		req.Header.Set(k, v)
 	}
+	if host := header["Host"]; host != "" {
+		req.Host = host // the header map cannot set it
+	}
 	resp, err := e.http.Do(req)
 	if err != nil {
 		e.t.Fatal(err)

@@ -333,6 +333,13 @@ func TestRunCondensesServesQueriesAndSurvivesRestart(t *testing.T) {
 	if code, body := httpGet(t, base+"/api/conversations"); code != http.StatusOK || !strings.Contains(body, "acme."+conv) {
 		t.Fatalf("/api/conversations: %d %.300q", code, body)
 	}
+	// Every page the pprof index links to is served (go tool trace needs
+	// /debug/pprof/trace; symbolization needs /debug/pprof/symbol).
+	for _, p := range []string{"/debug/pprof/", "/debug/pprof/cmdline", "/debug/pprof/symbol", "/debug/pprof/heap", "/debug/pprof/trace?seconds=0.05"} {
+		if code, body := httpGet(t, base+p); code != http.StatusOK {
+			t.Fatalf("%s: %d %.200q", p, code, body)
+		}
+	}
 	code, body := httpGet(t, base+"/metrics")
 	if code != http.StatusOK || !strings.Contains(body, `ctxpipe_inputs_total{outcome="applied"} 20`) ||
 		!strings.Contains(body, "ctxpipe_conversations 1") {

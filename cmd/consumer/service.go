@@ -41,6 +41,7 @@ type Config struct {
 	DataDir      string // SQLite file and the embedded server's JetStream store
 	Listen       string // embedded server address; "" disables the TCP listener
 	HTTP         string // /metrics and /healthz; "" disables
+	HTTPHosts    string // names besides addresses and localhost the dashboard answers to, comma-separated
 	ProfilesFile string // seeds the profiles bucket; the built-in set when ""
 	LogLevel     string
 	LogFormat    string // text or json
@@ -121,6 +122,7 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the SQLite file and the embedded server's JetStream store")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "address of the embedded NATS server (ignored with --nats-url)")
 	fs.StringVar(&c.HTTP, "http", c.HTTP, `address for the dashboard, /metrics, /healthz and /readyz ("" disables)`)
+	fs.StringVar(&c.HTTPHosts, "http-hosts", c.HTTPHosts, "host names the dashboard answers to besides IP addresses and localhost, comma-separated (behind a proxy that authenticates)")
 	fs.StringVar(&c.ProfilesFile, "profiles", c.ProfilesFile, "JSON array of profiles that seeds the ctx_profiles bucket (built-in set when empty)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
@@ -310,7 +312,13 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		m.runDone <- err
 	}()
-	if err := m.serveHTTP(dashboard.Deps{Store: m.store, JS: js, Profiles: profiles, Globals: c.Globals, Log: log}); err != nil {
+	var hosts []string
+	for _, h := range strings.Split(c.HTTPHosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			hosts = append(hosts, h)
+		}
+	}
+	if err := m.serveHTTP(dashboard.Deps{Store: m.store, JS: js, Profiles: profiles, Globals: c.Globals, Log: log, Hosts: hosts}); err != nil {
 		return err
 	}
 	endpoint := "offline extractive condenser"
@@ -421,7 +429,10 @@ func (m *Main) serveHTTP(dd dashboard.Deps) error {
 	mux.Handle("/metrics", m.metrics.Handler())
 	// Profiles of a running service; the listener is loopback by default.
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	// /healthz: the process is alive and its SQLite file answers. A
 	// supervisor restarts the process when this fails.
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
