@@ -253,6 +253,20 @@ func TestRejectedInput(t *testing.T) {
 	if _, err := c.Rewind(ctx, conv, 0, false); !errors.Is(err, client.ErrRejected) {
 		t.Fatalf("Rewind to ts 0: %v", err)
 	}
+	// An id that is not a UUID is refused before it is published: the
+	// service could only record the rejection under another id, which
+	// Wait could not find.
+	for _, id := range []string{"not-a-uuid", strings.Repeat("a", 36), "{" + uuid.NewString() + "}"} {
+		_, err := c.Append(ctx, schema.Turn{ID: id, ConversationID: conv, Role: schema.RoleUser, Content: schema.TextContent("x")})
+		var rej *client.RejectedError
+		if !errors.As(err, &rej) || rej.Reason != schema.ReasonBadID || rej.InputID != id {
+			t.Fatalf("Append with id %q: %v", id, err)
+		}
+	}
+	// Waiting for no input would return at once, as if it had landed.
+	if err := c.Wait(ctx, conv, ""); !errors.Is(err, client.ErrBadRequest) {
+		t.Fatalf("Wait for an empty id: %v", err)
+	}
 }
 
 func TestNotFound(t *testing.T) {

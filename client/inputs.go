@@ -22,11 +22,18 @@ import (
 // drops the copy inside its duplicate window and the service after it.
 //
 // Append does not validate the turn beyond its conversation id (which must
-// make a safe subject): the service is the authority, and rejects a bad turn
-// with an input_rejected event that Wait reports as a *RejectedError.
+// make a safe subject) and its id: the service is the authority, and rejects
+// a bad turn with an input_rejected event that Wait reports as a
+// *RejectedError. An id that is not a UUID is refused here instead: the
+// service could only record its rejection under another id, which Wait
+// could not find.
 func (c *Client) Append(ctx context.Context, turn schema.Turn) (string, error) {
 	if turn.ID == "" {
 		turn.ID = uuid.NewString()
+	}
+	if _, err := uuid.Parse(turn.ID); err != nil || len(turn.ID) != 36 {
+		return "", &RejectedError{InputID: turn.ID, ConversationID: turn.ConversationID, Reason: schema.ReasonBadID,
+			Message: fmt.Sprintf("id %q is not a UUID in its 36-character form", turn.ID)}
 	}
 	if turn.TS == 0 {
 		turn.TS = time.Now().UnixMilli()

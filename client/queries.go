@@ -233,6 +233,11 @@ func (c *Client) waitBudget(ctx context.Context) time.Duration {
 // deadline); past that it fails with ErrTimeout (and, when ctx's deadline
 // ran out before the service answered, context.DeadlineExceeded too).
 func (c *Client) Wait(ctx context.Context, conv, inputID string) error {
+	if inputID == "" {
+		// The service reads an empty wait_for as "no wait": it would
+		// answer at once, as if the input had been applied.
+		return fmt.Errorf("ctxpipe wait in %s: %w: an input id is required", conv, ErrBadRequest)
+	}
 	for {
 		// One message is enough to learn the input was applied.
 		_, err := c.history(ctx, schema.HistoryRequest{ConversationID: conv, WaitFor: inputID, Limit: 1})
