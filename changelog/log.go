@@ -208,14 +208,25 @@ const inactive = 5 * time.Second
 const stallAfter = 4 * time.Second
 
 // watch is the follower's watchdog: it stops the iterator (through stop)
-// when the follower waited stallAfter for a message while the stream holds
-// one past the last it got, and Err then says so.
+// when the follower, waiting, has gone stallAfter without the message the
+// stream holds past the last it got (counted from when the watchdog first
+// saw the stream ahead, not from the start of the wait), and Err then says
+// so.
 type watch struct {
 	after   time.Duration // stallAfter but in tests
 	mu      sync.Mutex
 	last    uint64    // the last sequence delivered
 	waiting time.Time // since when Next waits; zero when not waiting
 	err     error
+}
+
+// behind is what the watchdog saw last: since when the stream has held a
+// message past last while the follower waited. A wait that began in an
+// idle spell says nothing about how long a new message has been waiting
+// for delivery: only this does.
+type behind struct {
+	since time.Time
+	last  uint64
 }
 
 func (w *watch) wait() {
@@ -240,6 +251,7 @@ func (w *watch) Err() error {
 func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 	t := time.NewTicker(w.after / 4)
 	defer t.Stop()
+	var b behind
 	for {
 		select {
 		case <-ctx.Done():
@@ -250,19 +262,33 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 		since, last := w.waiting, w.last
 		w.mu.Unlock()
 		if since.IsZero() || time.Since(since) < w.after {
+			b = behind{}
 			continue
 		}
 		ictx, cancel := context.WithTimeout(ctx, max(w.after/2, time.Second))
 		info, err := stream.Info(ictx)
 		cancel()
-		if err != nil || info.State.LastSeq <= last {
-			continue // idle, or the server cannot tell: the next tick asks again
+		if err != nil {
+			continue // the server cannot tell: the next tick asks again
+		}
+		if info.State.LastSeq <= last {
+			b = behind{} // idle
+			continue
+		}
+		if b.since.IsZero() || b.last != last {
+			// First seen behind: the message may have just been appended
+			// after a long idle wait, and be on its way.
+			b = behind{since: time.Now(), last: last}
+			continue
+		}
+		if time.Since(b.since) < w.after {
+			continue
 		}
 		w.mu.Lock()
 		stalled := !w.waiting.IsZero() && w.last == last
 		if stalled {
 			w.err = fmt.Errorf("follow %s: no message for %v after %d while the stream holds up to %d",
-				bus.StreamState, time.Since(since).Round(time.Second), last, info.State.LastSeq)
+				bus.StreamState, time.Since(b.since).Round(time.Second), last, info.State.LastSeq)
 		}
 		w.mu.Unlock()
 		if stalled {

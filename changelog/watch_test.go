@@ -67,3 +67,63 @@ func TestWatchStopsAStalledFollower(t *testing.T) {
 		})
 	}
 }
+
+// A follower that waited long at the stream's end is not stalled the
+// moment a message is appended: it is stalled only when the stream has held
+// the message past its last for the watchdog's whole delay (an outside
+// campaign saw a follower torn down after 16 s idle and a 3 MiB append).
+func TestWatchCountsFromTheAppendNotTheIdleWait(t *testing.T) {
+	_, url := natstest.Run(t)
+	js, err := jetstream.New(natstest.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := bus.EnsureStreams(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	ack, err := js.Publish(ctx, bus.StateSubject(1), []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, bus.StreamState)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const after = 400 * time.Millisecond
+	w := &watch{after: after, last: ack.Sequence}
+	w.wait()
+	w.mu.Lock()
+	w.waiting = time.Now().Add(-20 * after) // a long idle wait at the end
+	w.mu.Unlock()
+	stopped := make(chan struct{})
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go w.run(wctx, stream, func() { close(stopped) })
+	time.Sleep(after / 2) // the watchdog ticks at the end: idle
+	next, err := js.Publish(ctx, bus.StateSubject(1), []byte("y"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Delivered a little later than a tick, well within the delay.
+	time.Sleep(after / 2)
+	w.got(next.Sequence)
+	w.wait()
+	select {
+	case <-stopped:
+		t.Fatalf("stopped a follower that got the new message in time: %v", w.Err())
+	case <-time.After(3 * after):
+	}
+	// Not delivered at all: stopped, the delay after it was seen behind.
+	if _, err := js.Publish(ctx, bus.StateSubject(1), []byte("z")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-stopped:
+		if w.Err() == nil {
+			t.Fatal("stopped without saying why")
+		}
+	case <-time.After(4 * after):
+		t.Fatal("a follower that never got the message was not stopped")
+	}
+}
