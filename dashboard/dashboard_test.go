@@ -511,3 +511,35 @@ func TestUnknownHostsAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// A page's event stream leaves no consumer behind for long once it is
+// closed: a client opening and closing streams in a loop left each one's
+// consumer on CTX_EVENTS for the server's default five minutes.
+func TestClosedStreamsLeaveNoConsumers(t *testing.T) {
+	e := start(t)
+	e.publish(sampleTurns(t, "k")[:2])
+	stream, err := e.js.Stream(t.Context(), bus.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumers := func() int {
+		info, err := stream.Info(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Consumers
+	}
+	base := consumers()
+	for range 3 {
+		s := e.openSSE("conv=k", "")
+		s.next(t, 10*time.Second, "nats") // the stream is up, its consumer made
+		s.close()
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for consumers() > base {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d consumers on %s 15 s after the streams closed, %d before", consumers(), bus.StreamEvents, base)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}

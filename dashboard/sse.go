@@ -206,7 +206,11 @@ func (h *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 // be made (NATS down) it tries again every second; the page is told NATS's
 // state by the "nats" events meanwhile.
 func (h *Dashboard) follow(ctx context.Context, filter string, start uint64, out chan<- jetstream.Msg) {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverNewPolicy}
+	// The server drops the consumer 5 s after the page stops pulling (its
+	// default is 5 min: a client opening and closing streams in a loop
+	// left dozens of consumers behind).
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverNewPolicy,
+		InactiveThreshold: 5 * time.Second}
 	if start > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
 	}
