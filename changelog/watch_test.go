@@ -17,23 +17,12 @@ import (
 // only then: not while the follower is busy elsewhere, nor when the stream
 // has nothing more.
 func TestWatchStopsAStalledFollower(t *testing.T) {
-	_, url := natstest.Run(t)
-	js, err := jetstream.New(natstest.Connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	if err := bus.EnsureStreams(ctx, js); err != nil {
-		t.Fatal(err)
-	}
+	js, stream := stateStream(t)
 	for range 3 {
 		if _, err := js.Publish(ctx, bus.StateSubject(1), []byte("x")); err != nil {
 			t.Fatal(err)
 		}
-	}
-	stream, err := js.Stream(ctx, bus.StreamState)
-	if err != nil {
-		t.Fatal(err)
 	}
 	for _, tc := range []struct {
 		name    string
@@ -73,20 +62,9 @@ func TestWatchStopsAStalledFollower(t *testing.T) {
 // the message past its last for the watchdog's whole delay (an outside
 // campaign saw a follower torn down after 16 s idle and a 3 MiB append).
 func TestWatchCountsFromTheAppendNotTheIdleWait(t *testing.T) {
-	_, url := natstest.Run(t)
-	js, err := jetstream.New(natstest.Connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	if err := bus.EnsureStreams(ctx, js); err != nil {
-		t.Fatal(err)
-	}
+	js, stream := stateStream(t)
 	ack, err := js.Publish(ctx, bus.StateSubject(1), []byte("x"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := js.Stream(ctx, bus.StreamState)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,4 +104,22 @@ func TestWatchCountsFromTheAppendNotTheIdleWait(t *testing.T) {
 	case <-time.After(4 * after):
 		t.Fatal("a follower that never got the message was not stopped")
 	}
+}
+
+// stateStream starts a server with ctxpipe's streams and returns CTX_STATE.
+func stateStream(t *testing.T) (jetstream.JetStream, jetstream.Stream) {
+	t.Helper()
+	_, url := natstest.Run(t)
+	js, err := jetstream.New(natstest.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(context.Background(), js); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(context.Background(), bus.StreamState)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, stream
 }
