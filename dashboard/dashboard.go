@@ -151,12 +151,22 @@ func (h *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; frame-ancestors 'none'")
-	if !h.knownHost(r.Host) {
-		writeJSON(w, http.StatusMisdirectedRequest, apiError{Error: fmt.Sprintf(
-			"host %q is not a name of this dashboard: use its address, localhost, or a name given with --http-hosts", r.Host)})
-		return
-	}
-	h.mux.ServeHTTP(w, r)
+	h.Guard(h.mux).ServeHTTP(w, r)
+}
+
+// Guard serves next only to requests that name this dashboard by one of
+// its names (see knownHost), and 421 to others: the service puts /metrics
+// and /debug/pprof/ behind it too, which a rebinding site's page could
+// otherwise read.
+func (h *Dashboard) Guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !h.knownHost(r.Host) {
+			writeJSON(w, http.StatusMisdirectedRequest, apiError{Error: fmt.Sprintf(
+				"host %q is not a name of this service: use its address, localhost, or a name given with --http-hosts", r.Host)})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // knownHost tells whether a request's Host names this dashboard: an IP

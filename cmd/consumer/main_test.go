@@ -333,11 +333,27 @@ func TestRunCondensesServesQueriesAndSurvivesRestart(t *testing.T) {
 	if code, body := httpGet(t, base+"/api/conversations"); code != http.StatusOK || !strings.Contains(body, "acme."+conv) {
 		t.Fatalf("/api/conversations: %d %.300q", code, body)
 	}
-	// Every page the pprof index links to is served (go tool trace needs
-	// /debug/pprof/trace; symbolization needs /debug/pprof/symbol).
-	for _, p := range []string{"/debug/pprof/", "/debug/pprof/cmdline", "/debug/pprof/symbol", "/debug/pprof/heap", "/debug/pprof/trace?seconds=0.05"} {
-		if code, body := httpGet(t, base+p); code != http.StatusOK {
-			t.Fatalf("%s: %d %.200q", p, code, body)
+	// The profiles go tool pprof and go tool trace fetch are served
+	// (symbolization needs /debug/pprof/symbol); the command line is not,
+	// since it may hold a password.
+	for p, want := range map[string]int{"/debug/pprof/": 200, "/debug/pprof/symbol": 200, "/debug/pprof/heap": 200,
+		"/debug/pprof/trace?seconds=0.05": 200, "/debug/pprof/cmdline": 404} {
+		if code, body := httpGet(t, base+p); code != want {
+			t.Fatalf("%s: %d %.200q, want %d", p, code, body, want)
+		}
+	}
+	// Metrics and profiles answer only to the service's names; health
+	// answers any.
+	for p, want := range map[string]int{"/metrics": 421, "/debug/pprof/heap": 421, "/api/conversations": 421, "/healthz": 200} {
+		req, _ := http.NewRequest(http.MethodGet, base+p, nil)
+		req.Host = "attacker.example"
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("%s as attacker.example: %d, want %d", p, resp.StatusCode, want)
 		}
 	}
 	code, body := httpGet(t, base+"/metrics")

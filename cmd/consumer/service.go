@@ -426,13 +426,17 @@ func (m *Main) serveHTTP(dd dashboard.Deps) error {
 		return fmt.Errorf("dashboard: %w", err)
 	}
 	mux.Handle("/", d)
-	mux.Handle("/metrics", m.metrics.Handler())
+	// The metrics and the profiles answer only to the dashboard's names
+	// (a rebinding site's page could read them otherwise); /healthz and
+	// /readyz answer any name a supervisor or a load balancer uses.
+	mux.Handle("/metrics", d.Guard(m.metrics.Handler()))
 	// Profiles of a running service; the listener is loopback by default.
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	// Not /debug/pprof/cmdline: it would show a --nats-password given on
+	// the command line.
+	mux.Handle("/debug/pprof/", d.Guard(http.HandlerFunc(pprof.Index)))
+	mux.Handle("/debug/pprof/profile", d.Guard(http.HandlerFunc(pprof.Profile)))
+	mux.Handle("/debug/pprof/symbol", d.Guard(http.HandlerFunc(pprof.Symbol)))
+	mux.Handle("/debug/pprof/trace", d.Guard(http.HandlerFunc(pprof.Trace)))
 	// /healthz: the process is alive and its SQLite file answers. A
 	// supervisor restarts the process when this fails.
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
