@@ -152,10 +152,24 @@ func TestEnsureKeepsOperatorSettings(t *testing.T) {
 	}
 }
 
+// mustCreateStream creates cfg's stream, as an operator would before
+// ctxpipe starts. A cluster may drop an API request whose proposal it was making when its
+// meta leader changed (under a loaded CI machine, once, create CTX_IN waited
+// out the test's two minutes): each attempt has 15 s, and creating the same
+// configuration again is not an error.
 func mustCreateStream(ctx context.Context, t *testing.T, js jetstream.JetStream, cfg jetstream.StreamConfig) {
 	t.Helper()
-	if _, err := js.CreateStream(ctx, cfg); err != nil {
-		t.Fatalf("create %s: %v", cfg.Name, err)
+	for {
+		actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		_, err := js.CreateStream(actx, cfg)
+		cancel()
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("create %s: %v", cfg.Name, err)
+		}
+		t.Logf("create %s: %v; asking again", cfg.Name, err)
 	}
 }
 
