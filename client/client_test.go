@@ -311,6 +311,11 @@ func TestTimeouts(t *testing.T) {
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("wait took %v", d)
 	}
+	// The message says how long the whole wait took, not only the
+	// service's last slice of it.
+	if !strings.Contains(err.Error(), " in all: ") && !strings.Contains(err.Error(), " after ") {
+		t.Fatalf("wait: %q does not say how long it waited in all", err)
+	}
 	// Without a deadline the client's own timeout bounds it.
 	short, err := client.New(nc, client.WithTimeout(300*time.Millisecond))
 	if err != nil {

@@ -238,13 +238,14 @@ func (c *Client) Wait(ctx context.Context, conv, inputID string) error {
 		// answer at once, as if the input had been applied.
 		return fmt.Errorf("ctxpipe wait in %s: %w: an input id is required", conv, ErrBadRequest)
 	}
+	start := time.Now()
 	for {
 		// One message is enough to learn the input was applied.
 		_, err := c.history(ctx, schema.HistoryRequest{ConversationID: conv, WaitFor: inputID, Limit: 1})
 		if errors.Is(err, context.DeadlineExceeded) {
 			// The deadline ran out before the service's timeout reply came
 			// back: the same outcome.
-			return fmt.Errorf("ctxpipe wait for %s: %w: %w", inputID, ErrTimeout, err)
+			return fmt.Errorf("ctxpipe wait for %s: %w after %v: %w", inputID, ErrTimeout, waited(start), err)
 		}
 		if err == nil || !errors.Is(err, ErrTimeout) {
 			return err
@@ -252,10 +253,14 @@ func (c *Client) Wait(ctx context.Context, conv, inputID string) error {
 		// The service caps one wait at schema.MaxQueryTimeout: ask again
 		// while ctx has time left.
 		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) < 100*time.Millisecond {
-			return err
+			// The service's message names its own last wait only.
+			return fmt.Errorf("ctxpipe wait for %s: %v in all: %w", inputID, waited(start), err)
 		}
 	}
 }
+
+// waited is the time since start, rounded for a message.
+func waited(start time.Time) time.Duration { return time.Since(start).Round(time.Millisecond) }
 
 // rejected builds the *RejectedError for input id from the service's
 // input_rejected reply, with the human message of its input_rejected event
