@@ -151,7 +151,10 @@ func (h *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; frame-ancestors 'none'")
-	h.Guard(h.mux).ServeHTTP(w, r)
+	if h.refused(w, r) {
+		return
+	}
+	h.mux.ServeHTTP(w, r)
 }
 
 // Guard serves next only to requests that name this dashboard by one of
@@ -160,13 +163,21 @@ func (h *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // otherwise read.
 func (h *Dashboard) Guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !h.knownHost(r.Host) {
-			writeJSON(w, http.StatusMisdirectedRequest, apiError{Error: fmt.Sprintf(
-				"host %q is not a name of this service: use its address, localhost, or a name given with --http-hosts", r.Host)})
-			return
+		if !h.refused(w, r) {
+			next.ServeHTTP(w, r)
 		}
-		next.ServeHTTP(w, r)
 	})
+}
+
+// refused answers 421 to a request whose Host is not one of this
+// service's names, and says whether it did.
+func (h *Dashboard) refused(w http.ResponseWriter, r *http.Request) bool {
+	if h.knownHost(r.Host) {
+		return false
+	}
+	writeJSON(w, http.StatusMisdirectedRequest, apiError{Error: fmt.Sprintf(
+		"host %q is not a name of this service: use its address, localhost, or a name given with --http-hosts", r.Host)})
+	return true
 }
 
 // knownHost tells whether a request's Host names this dashboard: an IP

@@ -130,10 +130,7 @@ func planKeepTail(msgs []schema.Message, id string, keep map[string]bool) (*Cond
 		ed := newEditor(msgs)
 		n, visible := 0, idSet(EffectiveHistory(msgs))
 		for i := 1; i < keepStart; i++ {
-			if ed.msgs[i].CondenseParent == "" && !keep[ed.msgs[i].ID] {
-				ed.tagAt(i, schema.TagCondenseParent, id)
-				n += hid(visible, ed.msgs[i].ID)
-			}
+			n += condenseAt(ed, i, id, keep, visible)
 		}
 		sum := summaryMessage(id, kept, schema.RoleAssistant, justBefore(kept.TS), schema.BlockContent(content...), count)
 		ed.insertAt(keepStart, sum)
@@ -281,10 +278,7 @@ func planFreshStart(msgs []schema.Message, id string, keep map[string]bool, mask
 		ed := newEditor(msgs)
 		n, visible := 0, idSet(EffectiveHistory(msgs))
 		for i := 0; i < keepFrom; i++ {
-			if ed.msgs[i].CondenseParent == "" && !keep[ed.msgs[i].ID] {
-				ed.tagAt(i, schema.TagCondenseParent, id)
-				n += hid(visible, ed.msgs[i].ID)
-			}
+			n += condenseAt(ed, i, id, keep, visible)
 		}
 		ref, ts := &msgs[len(msgs)-1], justAfter(msgs[len(msgs)-1].TS)
 		if keepFrom < len(msgs) {
@@ -367,10 +361,7 @@ func planPreserveFraction(msgs []schema.Message, id string, keep map[string]bool
 				at = i
 				break
 			}
-			if ed.msgs[i].CondenseParent == "" && !keep[ed.msgs[i].ID] {
-				ed.tagAt(i, schema.TagCondenseParent, id)
-				n += hid(visible, ed.msgs[i].ID)
-			}
+			n += condenseAt(ed, i, id, keep, visible)
 		}
 		ref, ts := &msgs[len(msgs)-1], justAfter(msgs[len(msgs)-1].TS)
 		if at < len(ed.msgs) {
@@ -592,11 +583,18 @@ func commandBlocks(m schema.Message) string {
 	return strings.Join(commandPattern.FindAllString(strings.Join(text, "\n"), -1), "\n")
 }
 
-// hid is what tagging message id adds to a condense's messages_condensed:
-// one if it was in the effective history, nothing if an earlier truncation
-// hid it already (it is tagged all the same).
-func hid(visible map[string]bool, id string) int {
-	if visible[id] {
+// condenseAt hides message i behind condense id, unless a condense hides
+// it already or it must stay (keep), and returns what that adds to the
+// condense's messages_condensed: one if the message was in the effective
+// history, nothing if an earlier truncation hid it already (it is tagged
+// all the same).
+func condenseAt(ed *editor, i int, id string, keep, visible map[string]bool) int {
+	m := &ed.msgs[i]
+	if m.CondenseParent != "" || keep[m.ID] {
+		return 0
+	}
+	ed.tagAt(i, schema.TagCondenseParent, id)
+	if visible[m.ID] {
 		return 1
 	}
 	return 0
