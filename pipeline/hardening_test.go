@@ -470,4 +470,9 @@ func TestInputIDsIgnoreCase(t *testing.T) {
 	if len(reasons) != 1 || reasons[0] != schema.ReasonDuplicateID {
 		t.Fatalf("rejections %v, want one %s", reasons, schema.ReasonDuplicateID)
 	}
+	// A pin names its message in either case too.
+	pin := h.control(conv, schema.KindPin, schema.Input{Kind: schema.KindPin, MessageID: strings.ToUpper(marker.ID), Pinned: true})
+	if _, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, WaitFor: pin}); qe != nil {
+		t.Fatalf("pin by the upper-case message id: %v", qe)
+	}
 }

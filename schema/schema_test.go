@@ -376,6 +376,7 @@ func TestProfileValidate(t *testing.T) {
 		{"llm key in the bare prefix", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{APIKeyEnv: "CTXPIPE_LLM_KEY_"}}, false},
 		{"llm key in a lower-case name", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{APIKeyEnv: "CTXPIPE_LLM_KEY_team"}}, false},
 		{"llm key in a name with '='", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{APIKeyEnv: "CTXPIPE_LLM_KEY_A=B"}}, false},
+		{"llm key in an over-long name", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{APIKeyEnv: "CTXPIPE_LLM_KEY_" + strings.Repeat("A", 200)}}, false},
 		{"llm key in the service's key setting", schema.Profile{ID: "p", ContextWindow: 1000, LLM: schema.LLMConfig{APIKeyEnv: "CTXPIPE_LLM_API_KEY_ENV"}}, false},
 		{"prices at the cap", schema.Profile{ID: "p", ContextWindow: 1000, Prices: schema.Prices{InputPerMTok: schema.MaxPricePerMTok, OutputPerMTok: 0}}, true},
 		{"negative price", schema.Profile{ID: "p", ContextWindow: 1000, Prices: schema.Prices{InputPerMTok: -1}}, false},
