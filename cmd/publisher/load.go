@@ -265,11 +265,14 @@ func (e *e2eWaiter) wait() e2eResult {
 
 // agentResult is what one agent of the agent workload measured.
 type agentResult struct {
-	latencies  []time.Duration // publish → readable, every turn
-	replyBytes int64
-	reads      int
-	resets     int
-	err        error
+	latencies []time.Duration // publish → readable, every turn
+	// resetLatencies are those of the reads that came back reset: turns
+	// whose own commit condensed or truncated, which waited for that.
+	resetLatencies []time.Duration
+	replyBytes     int64
+	reads          int
+	resets         int
+	err            error
 }
 
 // runAgents runs the agent workload: every conversation is an agent that
@@ -334,7 +337,8 @@ func runAgents(ctx context.Context, c *cli, nc *nats.Conn, js jetstream.JetStrea
 					res.err = fmt.Errorf("%s: history: %w", t.ConversationID, err)
 					return
 				}
-				res.latencies = append(res.latencies, time.Since(sent))
+				took := time.Since(sent)
+				res.latencies = append(res.latencies, took)
 				res.replyBytes += int64(len(msg.Data))
 				res.reads++
 				switch {
@@ -342,6 +346,7 @@ func runAgents(ctx context.Context, c *cli, nc *nats.Conn, js jetstream.JetStrea
 					held = len(reply.Messages)
 					if reply.Reset {
 						res.resets++
+						res.resetLatencies = append(res.resetLatencies, took)
 					}
 				default:
 					held += len(reply.Messages)
@@ -357,13 +362,14 @@ func runAgents(ctx context.Context, c *cli, nc *nats.Conn, js jetstream.JetStrea
 	wg.Wait()
 	elapsed := time.Since(begin)
 	var (
-		all          []time.Duration
+		all, resets  []time.Duration
 		bytes        int64
 		reads, reset int
 		errs         []error
 	)
 	for _, r := range results {
 		all = append(all, r.latencies...)
+		resets = append(resets, r.resetLatencies...)
 		bytes += r.replyBytes
 		reads += r.reads
 		reset += r.resets
@@ -379,6 +385,12 @@ func runAgents(ctx context.Context, c *cli, nc *nats.Conn, js jetstream.JetStrea
 		len(all), elapsed.Round(time.Millisecond), thousands(int(float64(len(all))/max(elapsed.Seconds(), 1e-9))),
 		percentile(all, 50).Round(10*time.Microsecond), percentile(all, 99).Round(10*time.Microsecond),
 		mode, thousands(int(bytes/int64(max(reads, 1)))), reset)
+	if len(resets) > 0 {
+		// The reads after a condense or truncation wait for it: at low
+		// rates they alone make the p99.
+		fmt.Fprintf(c.stderr, "agents: the %d reset reads took p50 %s, max %s\n", len(resets),
+			percentile(resets, 50).Round(10*time.Microsecond), percentile(resets, 100).Round(10*time.Microsecond))
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%d agents failed: %w", len(errs), errors.Join(errs[:min(len(errs), 5)]...))
 	}
