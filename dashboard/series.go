@@ -25,8 +25,8 @@ type HistoryItem struct {
 	Role   schema.Role `json:"role"`
 	Agent  string      `json:"agent,omitempty"`
 	Tokens int         `json:"tokens"`
-	// Kind is "turn", "summary", "marker" (a truncation marker) or "mask"
-	// (a masked stand-in).
+	// Kind is "turn", "summary", "ack" (a summary's acknowledgement),
+	// "marker" (a truncation marker) or "mask" (a masked stand-in).
 	Kind string `json:"kind"`
 	// Effective: the message is in what the agent sends its model now.
 	Effective bool `json:"effective"`
@@ -45,7 +45,7 @@ type HistoryItem struct {
 func History(msgs []schema.Message) (items []HistoryItem, hidden int) {
 	byCondense, byTruncation := map[string]string{}, map[string]string{}
 	for _, m := range msgs {
-		if m.IsSummary && m.CondenseID != "" {
+		if m.IsSummary && m.CondenseID != "" && !m.IsSummaryAck {
 			byCondense[m.CondenseID] = m.ID
 		}
 		if m.IsTruncationMarker && m.TruncationID != "" {
@@ -64,6 +64,8 @@ func History(msgs []schema.Message) (items []HistoryItem, hidden int) {
 		switch {
 		case m.IsMask():
 			it.Kind, it.Tag = "mask", m.CondenseID
+		case m.IsSummaryAck:
+			it.Kind, it.Tag = "ack", m.CondenseID
 		case m.IsSummary:
 			it.Kind, it.Tag = "summary", m.CondenseID
 		case m.IsTruncationMarker:

@@ -19,7 +19,11 @@ func TestHistoryNesting(t *testing.T) {
 	s1 := msg("s1", 4, 5)
 	s1.IsSummary, s1.CondenseID, s1.Role = true, "c1", schema.RoleAssistant
 	s2 := msg("s2", 5, 5)
-	s2.IsSummary, s2.CondenseID, s2.Role = true, "c2", schema.RoleAssistant
+	s2.IsSummary, s2.CondenseID, s2.Role = true, "c2", schema.RoleUser
+	// preserve_fraction's acknowledgement after its summary: what the
+	// condense hid is hidden by the summary, not by it.
+	a2 := msg("a2", 5, 5)
+	a2.IsSummary, a2.IsSummaryAck, a2.CondenseID, a2.Role = true, true, "c2", schema.RoleAssistant
 	t2.CondenseParent, t3.CondenseParent = "c1", "c1"
 	s1.CondenseParent, t4.CondenseParent = "c2", "c2"
 	m := msg("m", 6, 1)
@@ -27,7 +31,7 @@ func TestHistoryNesting(t *testing.T) {
 	t5.TruncationParent = "tr1"
 	// A tag naming a summary that is gone (a rewind removed it) hides nothing.
 	t6.CondenseParent = "gone"
-	items, hidden := dashboard.History([]schema.Message{t1, t2, t3, s1, t4, s2, m, t5, t6})
+	items, hidden := dashboard.History([]schema.Message{t1, t2, t3, s1, t4, s2, a2, m, t5, t6})
 	got := map[string]string{}
 	var effective []string
 	for _, it := range items {
@@ -37,13 +41,13 @@ func TestHistoryNesting(t *testing.T) {
 		}
 	}
 	want := map[string]string{"t1": "turn>", "t2": "turn>s1", "t3": "turn>s1", "s1": "summary>s2", "t4": "turn>s2",
-		"s2": "summary>", "m": "marker>", "t5": "turn>m", "t6": "turn>"}
+		"s2": "summary>", "a2": "ack>", "m": "marker>", "t5": "turn>m", "t6": "turn>"}
 	for id, w := range want {
 		if got[id] != w {
 			t.Errorf("%s: %s, want %s", id, got[id], w)
 		}
 	}
-	if hidden != 5 || !slices.Equal(effective, []string{"t1", "s2", "m", "t6"}) {
+	if hidden != 5 || !slices.Equal(effective, []string{"t1", "s2", "a2", "m", "t6"}) {
 		t.Fatalf("hidden %d, effective %v", hidden, effective)
 	}
 }

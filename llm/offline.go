@@ -168,6 +168,9 @@ func extract(msgs []schema.Message) *facts {
 		if i == len(msgs)-1 && m.Role == schema.RoleUser && prompts.IsFinalInstruction(userText(m.Content)) {
 			break // the engine's trigger turn, not the user's words
 		}
+		if m.IsSummaryAck {
+			continue // ctxpipe's words after a summary, not the agents'
+		}
 		f.messages++
 		if m.IsCondenseSummary() {
 			f.earlier = summaryText(m.Content)

@@ -27,6 +27,8 @@ var (
 	syntheticReasoning string
 	//go:embed request_instructions.txt
 	requestInstructions string
+	//go:embed summary_ack.txt
+	summaryAck string
 )
 
 // RequestInstructions introduces a manual condense's own instructions, which
@@ -67,6 +69,10 @@ var ToolDeferred = strings.TrimSpace(toolDeferred)
 // keep_tail summary message; some providers require an assistant turn to open
 // with reasoning when the conversation uses it.
 var SyntheticReasoning = strings.TrimSpace(syntheticReasoning)
+
+// SummaryAck is the text of the assistant message a preserve_fraction
+// condense puts after its user summary (schema.Message.IsSummaryAck).
+var SummaryAck = strings.TrimSpace(summaryAck)
 
 // DetailedSections are the six headings the Detailed prompt asks for, in
 // order, as they appear after "## ". The offline condenser writes the same

@@ -11,7 +11,7 @@ func TestTextsPresent(t *testing.T) {
 	texts := map[string]string{
 		"Detailed": Detailed, "Snapshot": Snapshot, "FinalInstruction": FinalInstruction,
 		"SnapshotFinalInstruction": SnapshotFinalInstruction, "ToolDeferred": ToolDeferred,
-		"SyntheticReasoning": SyntheticReasoning,
+		"SyntheticReasoning": SyntheticReasoning, "SummaryAck": SummaryAck,
 	}
 	for name, text := range texts {
 		if strings.TrimSpace(text) == "" || text != strings.TrimSpace(text) {

@@ -76,6 +76,14 @@ type Message struct {
 	// the input that masked it: a rewind to that ts or earlier undoes it.
 	MaskOf   string `json:"mask_of,omitempty"`
 	MaskedAt int64  `json:"masked_at,omitempty"`
+	// IsSummaryAck marks the assistant message a preserve_fraction condense
+	// puts right after its user summary when a user message follows (or
+	// nothing does), as Gemini CLI answers its state snapshot with a model
+	// turn: the effective history then never holds two user messages in a
+	// row there. It is a summary too (IsSummary, the summary's CondenseID),
+	// so it lives and goes with its summary: a rewind that undoes the
+	// condense deletes both.
+	IsSummaryAck bool `json:"is_summary_ack,omitempty"`
 	// Tokens is this message's count (fudge factor applied), taken once when
 	// the message is stored.
 	Tokens int `json:"tokens"`
@@ -91,5 +99,5 @@ func (m *Message) Synthetic() bool { return m.IsSummary || m.IsTruncationMarker 
 func (m *Message) IsMask() bool { return m.MaskOf != "" }
 
 // IsCondenseSummary reports whether m is a condense's summary: a summary that
-// is not a masked stand-in.
-func (m *Message) IsCondenseSummary() bool { return m.IsSummary && m.MaskOf == "" }
+// is neither a masked stand-in nor a summary's acknowledgement.
+func (m *Message) IsCondenseSummary() bool { return m.IsSummary && m.MaskOf == "" && !m.IsSummaryAck }

@@ -324,7 +324,9 @@ func summaryContent(text, commands string) schema.Content {
 
 // planPreserveFraction is Gemini CLI's compression: summarize the oldest 70 %
 // of the effective history's characters, split at a SplitPoint boundary, and
-// put a user summary before what is kept. The summary carries the first
+// put a user summary before what is kept, followed by an assistant
+// acknowledgement (Gemini's model turn after its snapshot) unless the kept
+// part opens with an assistant message. The summary carries the first
 // message's <command> blocks, as fresh_start's does, since the first message
 // is among the summarized.
 //
@@ -335,14 +337,20 @@ func planPreserveFraction(msgs []schema.Message, id string, keep map[string]bool
 	if split == 0 {
 		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "no boundary to split at")
 	}
-	if split == 1 && eff[0].IsCondenseSummary() {
-		return nil, schema.Errorf(schema.ReasonCondensedRecently, "only the last summary would be summarized")
-	}
-	hides := 0
+	// The last summary and its acknowledgement hide nothing new when
+	// summarized again.
+	hides, onlyLast := 0, eff[0].IsCondenseSummary()
 	for i := range eff[:split] {
-		if !keep[eff[i].ID] && !eff[i].IsCondenseSummary() {
+		m := &eff[i]
+		if i > 0 && !(m.IsSummaryAck && m.CondenseID == eff[0].CondenseID) {
+			onlyLast = false
+		}
+		if !keep[m.ID] && !m.IsCondenseSummary() && !m.IsSummaryAck {
 			hides++
 		}
+	}
+	if onlyLast {
+		return nil, schema.Errorf(schema.ReasonCondensedRecently, "only the last summary would be summarized")
 	}
 	if hides == 0 {
 		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "every message before the split must stay")
@@ -369,6 +377,11 @@ func planPreserveFraction(msgs []schema.Message, id string, keep map[string]bool
 		}
 		sum := summaryMessage(id, ref, schema.RoleUser, ts, summaryContent(text, commands), count)
 		ed.insertAt(at, sum)
+		if split == len(eff) || eff[split].Role != schema.RoleAssistant {
+			ack := summaryMessage(id, ref, schema.RoleAssistant, ts, schema.TextContent(prompts.SummaryAck), count)
+			ack.ID, ack.IsSummaryAck = DeriveID(id, "ack"), true
+			ed.insertAt(at+1, ack)
+		}
 		return Condensed{Changes: ed.changes(), History: ed.msgs, Summary: sum, MessagesCondensed: n}
 	}
 	return plan, nil

@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"reflect"
@@ -403,8 +404,21 @@ func TestPreserveFraction(t *testing.T) {
 		t.Fatalf("split %d", split)
 	}
 	eff := EffectiveHistory(c.History)
-	if !eff[0].IsSummary || eff[0].Role != schema.RoleUser || eff[0].TS != h[split].TS-1 || len(eff) != 1+10-split {
+	if !eff[0].IsCondenseSummary() || eff[0].Role != schema.RoleUser || eff[0].TS != h[split].TS-1 || len(eff) != 2+10-split {
 		t.Fatalf("effective %q", join(eff))
+	}
+	// Gemini's model turn after the snapshot: the kept part opens with a
+	// user message, which must not follow the user summary directly.
+	if h[split].Role != schema.RoleUser {
+		t.Fatalf("split at a %s message; this test wants a user one", h[split].Role)
+	}
+	ack := eff[1]
+	if !ack.IsSummaryAck || ack.IsCondenseSummary() || !ack.IsSummary || ack.Role != schema.RoleAssistant ||
+		ack.CondenseID != eff[0].CondenseID || ack.TS != eff[0].TS || ack.Content.Text != prompts.SummaryAck || ack.Tokens != lenCount(ack.Content) {
+		t.Fatalf("acknowledgement %+v", ack)
+	}
+	if ack.ID == eff[0].ID || ack.ID != DeriveID(eff[0].CondenseID, "ack") {
+		t.Fatalf("acknowledgement id %q (summary %q)", ack.ID, eff[0].ID)
 	}
 	if c.MessagesCondensed != split {
 		t.Fatalf("condensed %d, split %d", c.MessagesCondensed, split)
@@ -657,10 +671,74 @@ func TestMessagesCondensedCountsWhatWasVisible(t *testing.T) {
 			mustNoErr(t, err)
 			c := plan.Finish("summary", lenCount)
 			before, after := EffectiveHistory(tr.History), EffectiveHistory(c.History)
-			if want := len(before) - (len(after) - 1); c.MessagesCondensed != want || want <= 0 {
-				t.Fatalf("messages_condensed %d, but %d visible messages were hidden (%d → %d, summary added)",
-					c.MessagesCondensed, want, len(before), len(after))
+			added := 0 // the summary, and preserve_fraction's acknowledgement
+			for _, m := range after {
+				if m.IsSummary {
+					added++
+				}
+			}
+			if want := len(before) - (len(after) - added); c.MessagesCondensed != want || want <= 0 {
+				t.Fatalf("messages_condensed %d, but %d visible messages were hidden (%d → %d, %d added)",
+					c.MessagesCondensed, want, len(before), len(after), added)
 			}
 		})
 	}
+}
+
+// preserve_fraction's acknowledgement (Gemini's model turn after its
+// snapshot) lives and goes with its summary: it follows the summary when
+// everything is compressed, a rewind of the condense deletes both and
+// restores the history exactly, summarizing the pair again is
+// condensed_recently, and it is no summary of its own for what reads the
+// last summary.
+func TestPreserveFractionAcknowledgement(t *testing.T) {
+	p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyPreserveFraction, KeepTask: boolp(false)}
+	t.Run("everything compressed", func(t *testing.T) {
+		orig := msgs(4) // ends with an assistant message without calls
+		plan, err := PlanCondense(orig, &p, "in")
+		mustNoErr(t, err)
+		c := plan.Finish("snapshot", lenCount)
+		eff := EffectiveHistory(c.History)
+		if got := join(eff); got != "S S" || eff[0].Role != schema.RoleUser || !eff[1].IsSummaryAck || eff[1].Role != schema.RoleAssistant {
+			t.Fatalf("effective %q", got)
+		}
+		if eff[1].TS != orig[3].TS+1 || len(c.Changes.Insert) != 2 || c.Changes.Insert[0].Before != "" || c.Changes.Insert[1].Before != "" {
+			t.Fatalf("ack ts %d, inserts %+v", eff[1].TS, c.Changes.Insert)
+		}
+		evs := []schema.ContextEventRef{{Type: schema.EventCondenseContext, ID: plan.CondenseID, TS: orig[3].TS}}
+		rw, ok := PlanRewind(c.History, evs, orig[3].TS, true)
+		if !ok || !reflect.DeepEqual(rw.History, orig) || len(rw.Changes.Delete) != 2 {
+			t.Fatalf("rewind: ok %v, %q, deletes %v", ok, join(rw.History), rw.Changes.Delete)
+		}
+	})
+	t.Run("again at once", func(t *testing.T) {
+		h := msgs(10)
+		plan, err := PlanCondense(h, &p, "in")
+		mustNoErr(t, err)
+		h = plan.Finish(strings.Repeat("snapshot ", 40), lenCount).History
+		// Only the summary and its acknowledgement lie before any split.
+		h = append(h, textMsg(10, "x"))
+		_, err = PlanCondense(h, &p, "in2")
+		var se *schema.Error
+		if !errors.As(err, &se) || se.Reason != schema.ReasonCondensedRecently {
+			t.Fatalf("err %v, want condensed_recently; history %q", err, join(EffectiveHistory(h)))
+		}
+		// keep_tail and fresh_start read the user summary as the last one.
+		if since := sinceLastSummary(h, h); !since[0].IsCondenseSummary() {
+			t.Fatalf("since the last summary: %q", join(since))
+		}
+	})
+	t.Run("no agent message", func(t *testing.T) {
+		plan, err := PlanCondense(msgs(4), &p, "in")
+		mustNoErr(t, err)
+		h := append(plan.Finish("snapshot", lenCount).History, textMsg(4, "x"))
+		// fresh_start needs two agent messages since the last summary: the
+		// acknowledgement is not one.
+		fs := p
+		fs.Strategy = schema.StrategyFreshStart
+		var se *schema.Error
+		if _, err := PlanCondense(h, &fs, "in2"); !errors.As(err, &se) || se.Reason != schema.ReasonNotEnoughMessages {
+			t.Fatalf("fresh_start after it: %v", err)
+		}
+	})
 }

@@ -119,3 +119,104 @@ func TestMaskingCommitsThroughTheStore(t *testing.T) {
 		}
 	}
 }
+
+// preserve_fraction's acknowledgement commits and reads back as the engine
+// made it: the stored history and the store's visible messages agree with
+// the in-memory Conversation through condenses and a rewind, and a store
+// opened again (nothing cached) still knows the acknowledgement for one.
+func TestSummaryAckCommitsThroughTheStore(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ctx.db")
+	s, err := store.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const conv = "ack-store"
+	p := schema.Profile{ID: "pf", ContextWindow: 100000, MaxTokens: 100, Strategy: schema.StrategyPreserveFraction, MinGainTokens: new(int)}
+	eng := stages.NewEngine(stages.SummarizerFunc(func(_ context.Context, req schema.SummaryRequest) (schema.Summary, error) {
+		return schema.Summary{Text: fmt.Sprintf("snapshot of %d messages", len(req.Messages)), Model: "t"}, nil
+	}))
+	eng.Log = slog.New(slog.DiscardHandler)
+	eng.Globals = schema.Globals{AutoCondense: true, AutoCondensePercent: 75}
+	eng.Counter = func(*schema.Profile) (tokens.Counter, error) {
+		return tokens.Counter{Text: tokens.Chars{}, Fudge: 1}, nil
+	}
+	mem := stages.NewConversation(conv, p, eng)
+	id := func(i int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", i) }
+	var inputs []schema.Input
+	for i := range 30 {
+		role := schema.RoleUser
+		if i%2 == 1 {
+			role = schema.RoleAssistant
+		}
+		t := schema.Turn{ID: id(i), ConversationID: conv, TS: int64(1000 + 10*i), Role: role, Content: schema.TextContent(strings.Repeat(fmt.Sprintf("turn %d ", i), 40))}
+		inputs = append(inputs, schema.Input{Kind: schema.KindTurn, ID: t.ID, ConversationID: conv, TS: t.TS, Turn: &t})
+		if i == 13 || i == 27 {
+			inputs = append(inputs, schema.Input{Kind: schema.KindCondense, ID: id(500 + i), ConversationID: conv, TS: t.TS, Trigger: schema.TriggerManual})
+		}
+	}
+	inputs = append(inputs, schema.Input{Kind: schema.KindRewind, ID: id(600), ConversationID: conv, TS: 1000 + 10*20})
+	acks := 0
+	for n, in := range inputs {
+		st, _, err := s.State(ctx, conv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch, err := eng.Apply(ctx, st, s.Conversation(conv), &p, in)
+		if err != nil {
+			t.Fatalf("input %d: %v", n, err)
+		}
+		rec := store.InputRecord{ID: in.ID, ConversationID: conv, Kind: string(in.Kind), Subject: schema.InputSubject(conv, in.Kind),
+			TS: in.TS, Payload: []byte(fmt.Sprintf(`{"id":%q}`, in.ID)), Status: store.StatusApplied}
+		if _, err := s.Commit(ctx, []store.Entry{{Input: rec, Changes: ch}}); err != nil {
+			t.Fatalf("input %d (%s): commit: %v", n, in.Kind, err)
+		}
+		if _, err := mem.Apply(ctx, in); err != nil {
+			t.Fatalf("input %d in memory: %v", n, err)
+		}
+		stored, err := s.Messages(ctx, conv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(stored, mem.Messages) {
+			t.Fatalf("input %d (%s): the store holds another history than Apply makes", n, in.Kind)
+		}
+		visible, _, err := s.Visible(ctx, conv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := stages.EffectiveHistory(visible), mem.Effective(); !reflect.DeepEqual(got, want) {
+			t.Fatalf("input %d (%s): effective history over the store's visible messages differs", n, in.Kind)
+		}
+		for _, m := range stored {
+			if m.IsSummaryAck {
+				acks++
+			}
+		}
+	}
+	if acks == 0 {
+		t.Fatal("no acknowledgement was stored: the test does not cover it")
+	}
+	want := mem.Messages
+	s.Close()
+	if s, err = store.Open(ctx, path); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.Messages(ctx, conv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatal("read back from SQLite alone, the history differs")
+	}
+	n := 0
+	for _, m := range got {
+		if m.IsSummaryAck {
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatalf("the rewind left no condense, or the acknowledgement was lost: %d acks", n)
+	}
+}

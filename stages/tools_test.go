@@ -254,6 +254,18 @@ func TestPreserveFractionSplitsAgentRuns(t *testing.T) {
 				if lost := lostResults(c.Messages); len(lost) > 0 {
 					t.Fatalf("after %s: results dropped %v", l.Turn.ID, lost)
 				}
+				// The summary is a user message: an assistant message
+				// follows it, the acknowledgement only where the kept part
+				// opens with a user message.
+				eff := EffectiveHistory(c.Messages)
+				for i, m := range eff {
+					switch {
+					case m.IsCondenseSummary() && (i+1 == len(eff) || eff[i+1].Role != schema.RoleAssistant):
+						t.Fatalf("after %s: the summary is followed by %v", l.Turn.ID, eff[min(i+1, len(eff)-1)].Role)
+					case m.IsSummaryAck && (i == 0 || eff[i-1].CondenseID != m.CondenseID || (i+1 < len(eff) && eff[i+1].Role == schema.RoleAssistant)):
+						t.Fatalf("after %s: an acknowledgement out of place at %d of %q", l.Turn.ID, i, join(eff))
+					}
+				}
 			}
 			condensed, failed := 0, map[schema.Reason]int{}
 			for _, e := range c.Events {

@@ -127,7 +127,10 @@ func printHistory(w io.Writer, h *schema.HistoryReply) {
 // tags summarizes a stored message's non-destructive tags.
 func tags(m *schema.Message) string {
 	var t []string
-	if m.IsSummary {
+	switch {
+	case m.IsSummaryAck:
+		t = append(t, "summary-ack")
+	case m.IsSummary:
 		t = append(t, "summary")
 	}
 	if m.IsTruncationMarker {

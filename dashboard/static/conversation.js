@@ -208,7 +208,7 @@ function renderMsg(it, children) {
   const kids = children.get(it.id) || [];
   const cls = ["msg", it.kind, hidden ? "hidden" : "", !hidden && !it.effective ? "dropped" : ""].filter(Boolean).join(" ");
   const badges = [];
-  if (it.kind !== "turn") badges.push(el("span", {class: "badge " + it.kind}, it.kind === "marker" ? "truncation marker" : it.kind));
+  if (it.kind !== "turn") badges.push(el("span", {class: "badge " + it.kind}, it.kind === "marker" ? "truncation marker" : it.kind === "ack" ? "summary acknowledgement" : it.kind));
   if (hidden) badges.push(el("span", {class: "badge hidden"}, "hidden"));
   else if (!it.effective) badges.push(el("span", {class: "badge"}, "not sent"));
   const body = el("div", {class: "body" + (S.open.has("body-" + it.id) ? " open" : ""), title: "click to expand"}, it.text);
