@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -741,4 +742,45 @@ func TestPreserveFractionAcknowledgement(t *testing.T) {
 			t.Fatalf("fresh_start after it: %v", err)
 		}
 	})
+}
+
+// A rewind never keeps a summary that stands in for a message it deletes.
+// Agents' clocks need not agree: a message stamped ahead of its
+// neighbours can be deleted by a cutoff that the condense's event and its
+// summary (both stamped by the history's order) lie before. The condense is
+// undone with it, and so is a later one whose summary hid its summary.
+func TestRewindUndoesASummaryOfDeletedMessages(t *testing.T) {
+	orig := msgs(16)
+	orig[4].TS = 5000 // a user turn stamped ahead of the others
+	p := schema.Profile{ID: "p", ContextWindow: 1000}
+	plan, err := PlanCondense(orig, &p, "in")
+	mustNoErr(t, err)
+	h := plan.Finish("s", lenCount).History
+	if orig[4].TS < 5000 || h[4].CondenseParent != plan.CondenseID {
+		t.Fatalf("the test wants m4 hidden by the condense: %+v", h[4])
+	}
+	evs := []schema.ContextEventRef{{Type: schema.EventCondenseContext, ID: plan.CondenseID, TS: orig[11].TS}}
+	rw, ok := PlanRewind(h, evs, 5000, false)
+	if !ok || !slices.Contains(rw.RemovedCondenseIDs, plan.CondenseID) {
+		t.Fatalf("ok %v, removed condenses %v", ok, rw.RemovedCondenseIDs)
+	}
+	want := slices.Delete(slices.Clone(orig), 4, 5)
+	if !reflect.DeepEqual(rw.History, want) {
+		t.Fatalf("history %q, want %q", join(rw.History), join(want))
+	}
+	// A second condense whose summary hid the first summary goes too.
+	h2 := append(slices.Clone(h), textMsg(16, "x"), textMsg(17, "y"), textMsg(18, "z"), textMsg(19, "w"))
+	plan2, err := PlanCondense(h2, &p, "in2")
+	mustNoErr(t, err)
+	h2 = plan2.Finish("s2", lenCount).History
+	evs = append(evs, schema.ContextEventRef{Type: schema.EventCondenseContext, ID: plan2.CondenseID, TS: 1190})
+	rw, ok = PlanRewind(h2, evs, 5000, false)
+	if !ok || len(rw.RemovedCondenseIDs) != 2 {
+		t.Fatalf("ok %v, removed condenses %v", ok, rw.RemovedCondenseIDs)
+	}
+	for _, m := range rw.History {
+		if m.IsSummary || m.CondenseParent != "" {
+			t.Fatalf("left %+v", m)
+		}
+	}
 }

@@ -81,6 +81,9 @@ func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff i
 			drops++
 		}
 	}
+	if drops > 0 {
+		undoCovering(msgs, keepTS, removedC, removedT, removedM)
+	}
 	if drops == 0 && len(removedC) == 0 && len(removedT) == 0 && len(removedM) == 0 {
 		return Rewound{}, false
 	}
@@ -89,10 +92,7 @@ func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff i
 	ed := newEditor(msgs)
 	removed := 0
 	ed.deleteWhere(func(m *schema.Message) bool {
-		drop := !keepTS(m.TS) ||
-			(m.IsSummary && removedC[m.CondenseID]) ||
-			(m.IsTruncationMarker && removedT[m.TruncationID]) ||
-			(m.IsMask() && removedM[m.CondenseID])
+		drop := rewindDrops(m, keepTS, removedC, removedT, removedM)
 		if drop && !m.Synthetic() {
 			removed++
 		}
@@ -123,6 +123,61 @@ func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff i
 		MessagesRemoved:      removed,
 		MessagesRestored:     restored,
 	}, true
+}
+
+// rewindDrops tells whether a rewind deletes m: by its ts, or as the
+// summary, marker or stand-in of a reduction it undoes.
+func rewindDrops(m *schema.Message, keepTS func(int64) bool, removedC, removedT, removedM map[string]bool) bool {
+	return !keepTS(m.TS) ||
+		(m.IsSummary && !m.IsMask() && removedC[m.CondenseID]) ||
+		(m.IsTruncationMarker && removedT[m.TruncationID]) ||
+		(m.IsMask() && removedM[m.CondenseID])
+}
+
+// undoCovering adds to the reductions a rewind undoes every one that hides a
+// message the rewind deletes, until none is left: a summary must not stand
+// in for messages that are gone (it would tell the model of turns the
+// rewind took back), nor a marker or stand-in. Events order reductions by
+// the ts of the inputs that caused them, and a manual condense carries the
+// UI's clock: one stamped before the agents' latest turns still summarized
+// them. Undoing a reduction deletes its summary, which may be hidden by a
+// later one in turn.
+func undoCovering(msgs []schema.Message, keepTS func(int64) bool, removedC, removedT, removedM map[string]bool) {
+	// Which reduction each parent tag names.
+	byCondense, byTruncation := map[string]map[string]bool{}, map[string]map[string]bool{}
+	for i := range msgs {
+		m := &msgs[i]
+		switch {
+		case m.IsMask():
+			byCondense[m.CondenseID] = removedM
+		case m.IsSummary && m.CondenseID != "":
+			byCondense[m.CondenseID] = removedC
+		case m.IsTruncationMarker && m.TruncationID != "":
+			byTruncation[m.TruncationID] = removedT
+		}
+	}
+	undo := func(undone map[string]bool, id string) bool {
+		if undone == nil || undone[id] {
+			return false
+		}
+		undone[id] = true
+		return true
+	}
+	for more := true; more; {
+		more = false
+		for i := range msgs {
+			m := &msgs[i]
+			if !rewindDrops(m, keepTS, removedC, removedT, removedM) {
+				continue
+			}
+			if m.CondenseParent != "" && undo(byCondense[m.CondenseParent], m.CondenseParent) {
+				more = true
+			}
+			if m.TruncationParent != "" && undo(byTruncation[m.TruncationParent], m.TruncationParent) {
+				more = true
+			}
+		}
+	}
 }
 
 func idSet(msgs []schema.Message) map[string]bool {
