@@ -255,11 +255,13 @@ func planFreshStart(msgs []schema.Message, id string, keep map[string]bool, mask
 			agent++
 		}
 	}
+	// Roo's guard: after a summary, two new messages are needed; fewer is
+	// "condensed recently", as Roo words it.
 	switch {
 	case last >= 0 && agent == 0:
 		return nil, schema.Errorf(schema.ReasonCondensedRecently, "nothing was said since the last summary")
 	case last >= 0 && agent < 2:
-		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "%d message since the last summary; need at least 2", agent)
+		return nil, schema.Errorf(schema.ReasonCondensedRecently, "%d message since the last summary; need at least 2", agent)
 	case agent < 2:
 		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "%d messages to summarize; need at least 2", agent)
 	}

@@ -572,7 +572,7 @@ func TestFreshStartNeedsTwoMessagesSinceSummary(t *testing.T) {
 	cases := []struct {
 		after int
 		want  schema.Reason
-	}{{0, schema.ReasonCondensedRecently}, {1, schema.ReasonNotEnoughMessages}, {2, ""}, {3, ""}}
+	}{{0, schema.ReasonCondensedRecently}, {1, schema.ReasonCondensedRecently}, {2, ""}, {3, ""}}
 	for _, tc := range cases {
 		hh := append([]schema.Message(nil), h...)
 		for i := 0; i < tc.after; i++ {
@@ -604,7 +604,7 @@ func TestFreshStartNeedsTwoMessagesSinceSummary(t *testing.T) {
 	_, err = c.Append(ctx, turnOf(6, 10))
 	mustNoErr(t, err)
 	evs := condense(101)
-	if f, ok := evs[len(evs)-1].(*schema.CondenseFailed); !ok || f.Error != schema.ReasonNotEnoughMessages {
+	if f, ok := evs[len(evs)-1].(*schema.CondenseFailed); !ok || f.Error != schema.ReasonCondensedRecently {
 		t.Fatalf("one message after the summary: %v", types(evs))
 	}
 }
@@ -738,8 +738,11 @@ func TestPreserveFractionAcknowledgement(t *testing.T) {
 		fs := p
 		fs.Strategy = schema.StrategyFreshStart
 		var se *schema.Error
-		if _, err := PlanCondense(h, &fs, "in2"); !errors.As(err, &se) || se.Reason != schema.ReasonNotEnoughMessages {
+		if _, err := PlanCondense(h, &fs, "in2"); !errors.As(err, &se) || se.Reason != schema.ReasonCondensedRecently {
 			t.Fatalf("fresh_start after it: %v", err)
+		}
+		if _, err := PlanCondense(append(h, textMsg(5, "y")), &fs, "in3"); err != nil {
+			t.Fatalf("fresh_start after two agent messages: %v", err)
 		}
 	})
 }
