@@ -138,10 +138,13 @@ func rewindDrops(m *schema.Message, keepTS func(int64) bool, removedC, removedT,
 // message the rewind deletes, until none is left: a summary must not stand
 // in for messages that are gone (it would tell the model of turns the
 // rewind took back), nor a marker or stand-in. Events order reductions by
-// the ts of the inputs that caused them, and a manual condense carries the
-// UI's clock: one stamped before the agents' latest turns still summarized
-// them. Undoing a reduction deletes its summary, which may be hidden by a
-// later one in turn.
+// the ts of the inputs that caused them, and nothing makes clocks agree: a
+// manual condense stamped by the UI behind the agents' latest turns, or a
+// turn stamped ahead of its neighbours, puts a summarized message after a
+// cutoff that the event lies before. (When the summary's own ts falls after
+// the cutoff too, it was deleted anyway; the condense is now also reported
+// as undone.) Undoing a reduction deletes its summary, which may be hidden
+// by a later one in turn.
 func undoCovering(msgs []schema.Message, keepTS func(int64) bool, removedC, removedT, removedM map[string]bool) {
 	// Which reduction each parent tag names.
 	byCondense, byTruncation := map[string]map[string]bool{}, map[string]map[string]bool{}
