@@ -787,3 +787,32 @@ func TestRewindUndoesASummaryOfDeletedMessages(t *testing.T) {
 		}
 	}
 }
+
+// A manual condense stamped by a UI clock behind the agents' turns: a
+// rewind to one of the turns it summarized undoes it, restores the rest
+// exactly, and its event says so.
+func TestRewindUndoesACondenseStampedBehind(t *testing.T) {
+	p := schema.Profile{ID: "p", ContextWindow: 100000, MaxTokens: 100}
+	c := newConv(&fixedSummarizer{text: "s"}, p)
+	ctx := context.Background()
+	for i := range 12 {
+		_, err := c.Append(ctx, turnOf(i, 10))
+		mustNoErr(t, err)
+	}
+	orig := slices.Clone(c.Messages)
+	evs, err := c.Apply(ctx, schema.Input{Kind: schema.KindCondense, ID: msgID(100), ConversationID: testConv, TS: 1005, Trigger: schema.TriggerManual})
+	mustNoErr(t, err)
+	cc, ok := evs[len(evs)-1].(*schema.CondenseContext)
+	if !ok {
+		t.Fatalf("condense: %v", types(evs))
+	}
+	evs, err = c.Apply(ctx, schema.Input{Kind: schema.KindRewind, ID: msgID(101), ConversationID: testConv, TS: orig[6].TS})
+	mustNoErr(t, err)
+	rw, ok := evs[len(evs)-1].(*schema.Rewind)
+	if !ok || !slices.Equal(rw.RemovedCondenseIDs, []string{cc.CondenseID}) {
+		t.Fatalf("rewind: %v %+v", types(evs), evs[len(evs)-1])
+	}
+	if !reflect.DeepEqual(c.Messages, orig[:6]) {
+		t.Fatalf("history %q, want %q", join(c.Messages), join(orig[:6]))
+	}
+}
