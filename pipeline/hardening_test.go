@@ -319,6 +319,12 @@ func TestRunnerRebuildsDeletedConsumer(t *testing.T) {
 	if cons.CachedInfo().Config.AckPolicy != jetstream.AckExplicitPolicy {
 		t.Fatal("rebuilt consumer lost its config")
 	}
+	// The service rejects as poison at its own count; the server must
+	// never stop delivering, or an input whose poison record failed to
+	// commit would be lost without a record.
+	if md := cons.CachedInfo().Config.MaxDeliver; md != -1 {
+		t.Fatalf("max deliver %d on the server, want -1 (unlimited)", md)
+	}
 }
 
 // Profiles the watch has not delivered are read from the bucket before a

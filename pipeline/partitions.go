@@ -127,10 +127,15 @@ func (r *Runner) Owned() int {
 // survive a node loss.
 func (r *Runner) ConsumerConfig(p int) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
-		Durable:        bus.ConsumerFor(r.cfg.Consumer, p),
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        r.cfg.AckWait,
-		MaxDeliver:     r.cfg.MaxDeliver,
+		Durable:   bus.ConsumerFor(r.cfg.Consumer, p),
+		AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait:   r.cfg.AckWait,
+		// The service rejects an input as poison at its MaxDeliver-th
+		// delivery; the server itself never stops delivering it. Were the
+		// server to stop there too, an input whose poison record did not
+		// commit (the service died, or lost its connection, at that
+		// delivery) would never come back: lost without a record.
+		MaxDeliver:     -1,
 		MaxAckPending:  r.cfg.LaneBuffer * 4,
 		FilterSubject:  bus.PartitionFilter(p, r.partitions),
 		DeliverPolicy:  jetstream.DeliverAllPolicy,

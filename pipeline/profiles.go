@@ -51,6 +51,13 @@ func (p *Profiles) Lookup(ctx context.Context, id string) (schema.Profile, bool,
 	if x, ok := p.Get(id); ok || p.kv == nil {
 		return x, ok, nil
 	}
+	if !schema.ValidProfileID(id) {
+		// No profile has it, and asking the bucket for it could cost the
+		// connection: a key of kilobytes makes a subject the server refuses
+		// by closing the connection (an outside campaign took the service
+		// down with one turn).
+		return schema.Profile{}, false, nil
+	}
 	e, err := p.kv.Get(ctx, id)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted), errors.Is(err, jetstream.ErrInvalidKey):

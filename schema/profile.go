@@ -74,6 +74,27 @@ const (
 	maxKeyEnvLen = 128
 )
 
+// MaxProfileIDBytes bounds a profile id. An id is a key of the profiles
+// bucket, read with a subject of its own: one of several kilobytes would
+// make the server close the service's connection (its control line is 4 KiB).
+const MaxProfileIDBytes = 128
+
+// ValidProfileID reports whether id can name a profile: 1 to
+// MaxProfileIDBytes of letters, digits and - _ = / . (a key of the profiles
+// bucket), neither starting nor ending with a dot.
+func ValidProfileID(id string) bool {
+	if id == "" || len(id) > MaxProfileIDBytes || id[0] == '.' || id[len(id)-1] == '.' {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-_=/.", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
 // KeyEnvAllowed reports whether a profile may name the variable env as
 // the one holding its API key: DefaultKeyEnv, or KeyEnvPrefix followed by
 // upper-case letters, digits and underscores.
@@ -209,6 +230,9 @@ func (p *Profile) KeepsTask() bool { return p.KeepTask == nil || *p.KeepTask }
 func (p *Profile) Validate() error {
 	if p.ID == "" {
 		return Errorf(ReasonBadProfile, "profile needs an id")
+	}
+	if !ValidProfileID(p.ID) {
+		return Errorf(ReasonBadProfile, "profile id %.40q…: at most %d letters, digits and - _ = / ., not starting or ending with a dot", p.ID, MaxProfileIDBytes)
 	}
 	if p.ContextWindow <= 0 || p.ContextWindow > MaxTokenCount {
 		return Errorf(ReasonBadProfile, "profile %q: context_window must be in [1, %d]", p.ID, MaxTokenCount)

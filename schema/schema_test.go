@@ -343,6 +343,16 @@ func TestProfileValidate(t *testing.T) {
 		{"full", schema.Profile{ID: "p", ContextWindow: 200000, MaxTokens: 8192, Strategy: schema.StrategyPreserveFraction,
 			Counter: schema.CounterChars, FudgeFactor: 1.2}, true},
 		{"no id", schema.Profile{ContextWindow: 1000}, false},
+		{"id with every allowed character", schema.Profile{ID: "Team-2_eu=x/demo.16k", ContextWindow: 1000}, true},
+		{"id at the length cap", schema.Profile{ID: strings.Repeat("p", schema.MaxProfileIDBytes), ContextWindow: 1000}, true},
+		// Outside campaign: an id of kilobytes made the service's bucket
+		// read close its connection.
+		{"id over the length cap", schema.Profile{ID: strings.Repeat("p", schema.MaxProfileIDBytes+1), ContextWindow: 1000}, false},
+		{"id with a space", schema.Profile{ID: "demo 16k", ContextWindow: 1000}, false},
+		{"id with a wildcard", schema.Profile{ID: "demo.>", ContextWindow: 1000}, false},
+		{"id starting with a dot", schema.Profile{ID: ".demo", ContextWindow: 1000}, false},
+		{"id ending with a dot", schema.Profile{ID: "demo.", ContextWindow: 1000}, false},
+		{"id not ASCII", schema.Profile{ID: "démo", ContextWindow: 1000}, false},
 		{"no window", schema.Profile{ID: "p"}, false},
 		{"max_tokens = window", schema.Profile{ID: "p", ContextWindow: 1000, MaxTokens: 1000}, false},
 		{"negative max_tokens", schema.Profile{ID: "p", ContextWindow: 1000, MaxTokens: -1}, false},
