@@ -255,6 +255,37 @@ func TestRewindRaceAdjustment(t *testing.T) {
 	}
 }
 
+// The cutoff never moves forward past a call it asked to delete onto the
+// result that answers it: that would keep the call and delete its result
+// (an outside campaign saw the effective history end in a call whose result
+// was gone, and the same rewind sent again delete the call after all).
+func TestRewindRaceAdjustmentKeepsExchangesWhole(t *testing.T) {
+	var h []schema.Message
+	for _, tr := range []schema.Turn{turnOf(0, 5), turnOf(1, 5), turnOf(2, 5), callTurn(3, 5, "X"), resultTurn(4, "X"), turnOf(5, 5)} {
+		h = append(h, schema.Message{Turn: tr, Tokens: 5})
+	}
+	// Between m2 (1020) and the call m3 (1030): the first user message at
+	// or after it is the result m4.
+	rw, ok := PlanRewind(h, nil, 1025, false)
+	if !ok || rw.CutoffTS != 1025 || join(rw.History) != "m0 m1 m2" {
+		t.Fatalf("cutoff %d history %q", rw.CutoffTS, join(rw.History))
+	}
+	if lost := lostResults(rw.History); len(lost) > 0 || len(openToolUses(rw.History)) > 0 {
+		t.Fatalf("the exchange was split: results %v, open calls %v", lost, openToolUses(rw.History))
+	}
+	// Sent again: nothing left at or after the cutoff.
+	if _, ok := PlanRewind(rw.History, nil, 1025, false); ok {
+		t.Fatal("the same rewind again found more to delete")
+	}
+	// A result stamped before its call (the race Roo's rule is for): the
+	// cutoff still moves to it, and the call goes with it.
+	h[4].TS = 1028
+	rw, ok = PlanRewind(h, nil, 1025, false)
+	if !ok || rw.CutoffTS != 1028 || join(rw.History) != "m0 m1 m2" {
+		t.Fatalf("result stamped early: cutoff %d history %q", rw.CutoffTS, join(rw.History))
+	}
+}
+
 func TestCleanup(t *testing.T) {
 	h := msgs(4)
 	h[1].CondenseParent = "gone"

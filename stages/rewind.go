@@ -71,6 +71,9 @@ func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff i
 				break
 			}
 		}
+		if splitsExchange(msgs, cutoff, actual) {
+			actual = cutoff
+		}
 	}
 	keepTS := func(ts int64) bool {
 		return ts < actual || (includeTarget && exact && ts == cutoff)
@@ -123,6 +126,41 @@ func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff i
 		MessagesRemoved:      removed,
 		MessagesRestored:     restored,
 	}, true
+}
+
+// splitsExchange tells whether moving a rewind's cutoff forward, from
+// cutoff to actual, would keep a call (made at or after cutoff) whose
+// result it deletes. The user message the cutoff moves to may hold only
+// tool results: the assistant turn before it, which the cutoff asked to
+// delete, would be left waiting for results that are gone (an outside
+// campaign saw it). The cutoff then stays where it was asked.
+func splitsExchange(msgs []schema.Message, cutoff, actual int64) bool {
+	if actual == cutoff {
+		return false
+	}
+	calls := map[string]bool{}
+	for i := range msgs {
+		if ts := msgs[i].TS; ts >= cutoff && ts < actual {
+			for _, b := range msgs[i].Content.Blocks {
+				if b.Type == schema.BlockToolUse {
+					calls[b.ID] = true
+				}
+			}
+		}
+	}
+	if len(calls) == 0 {
+		return false
+	}
+	for i := range msgs {
+		if msgs[i].TS >= actual {
+			for _, b := range msgs[i].Content.Blocks {
+				if b.Type == schema.BlockToolResult && calls[b.ToolUseID] {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // rewindDrops tells whether a rewind deletes m: by its ts, or as the
