@@ -847,3 +847,39 @@ func TestRewindUndoesACondenseStampedBehind(t *testing.T) {
 		t.Fatalf("history %q, want %q", join(c.Messages), join(orig[:6]))
 	}
 }
+
+// A pinned truncation marker stays visible through the next truncation,
+// which otherwise hides the older markers in its range (outside campaign:
+// the pin was accepted, then ignored).
+func TestTruncationKeepsAPinnedMarker(t *testing.T) {
+	first, ok := PlanTruncation(msgs(20), 0.5, "t1", lenCount)
+	if !ok {
+		t.Fatal("nothing truncated")
+	}
+	var marker string
+	for _, m := range first.History {
+		if m.IsTruncationMarker {
+			marker = m.ID
+		}
+	}
+	tagged := func(tr Truncation) bool {
+		for _, m := range tr.History {
+			if m.ID == marker {
+				return m.TruncationParent != ""
+			}
+		}
+		t.Fatal("the marker is gone")
+		return false
+	}
+	again, ok := PlanTruncationKeeping(first.History, 0.9, "t2", nil, lenCount)
+	if !ok || !tagged(again) {
+		t.Fatalf("unpinned: ok %v, the older marker hidden %v; the test needs it in the range", ok, ok && tagged(again))
+	}
+	again, ok = PlanTruncationKeeping(first.History, 0.9, "t2", map[string]bool{marker: true}, lenCount)
+	if !ok || tagged(again) {
+		t.Fatalf("pinned: ok %v, the marker hidden %v", ok, ok && tagged(again))
+	}
+	if !slices.ContainsFunc(EffectiveHistory(again.History), func(m schema.Message) bool { return m.ID == marker }) {
+		t.Fatal("the pinned marker left the effective history")
+	}
+}

@@ -165,7 +165,7 @@ func PlanTruncationKeeping(msgs []schema.Message, frac float64, truncID string, 
 			seenFirst = true
 		case hide[m.ID]:
 			ed.tagAt(i, schema.TagTruncationParent, truncID)
-		case seenFirst && keptAt < 0 && m.IsTruncationMarker && effIDs[m.ID]:
+		case seenFirst && keptAt < 0 && m.IsTruncationMarker && effIDs[m.ID] && !keep[m.ID]:
 			ed.tagAt(i, schema.TagTruncationParent, truncID)
 		}
 		if keptAt >= 0 {
