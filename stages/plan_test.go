@@ -883,3 +883,30 @@ func TestTruncationKeepsAPinnedMarker(t *testing.T) {
 		t.Fatal("the pinned marker left the effective history")
 	}
 }
+
+// The rewind that undoes a condense restores as many messages as the
+// condense said it condensed, a truncation marker it hid included (outside
+// campaign: 6 condensed, 5 restored).
+func TestRewindRestoresWhatTheCondenseCondensed(t *testing.T) {
+	tr, ok := PlanTruncation(msgs(16), 0.5, "t", lenCount)
+	if !ok {
+		t.Fatal("nothing truncated")
+	}
+	p := schema.Profile{ID: "p", ContextWindow: 1000}
+	plan, err := PlanCondense(tr.History, &p, "in")
+	mustNoErr(t, err)
+	c := plan.Finish("summary", lenCount)
+	hidMarker := false
+	for _, m := range c.History {
+		hidMarker = hidMarker || (m.IsTruncationMarker && m.CondenseParent == plan.CondenseID)
+	}
+	if !hidMarker {
+		t.Fatal("the condense hid no marker: the test does not cover it")
+	}
+	last := tr.History[len(tr.History)-1].TS
+	evs := []schema.ContextEventRef{{Type: schema.EventCondenseContext, ID: plan.CondenseID, TS: last}}
+	rw, ok := PlanRewind(c.History, evs, last, true)
+	if !ok || rw.MessagesRestored != c.MessagesCondensed || !reflect.DeepEqual(rw.History, tr.History) {
+		t.Fatalf("ok %v: restored %d, condensed %d", ok, rw.MessagesRestored, c.MessagesCondensed)
+	}
+}

@@ -15,7 +15,7 @@ type Rewound struct {
 	RemovedTruncationIDs []string
 	RemovedMaskIDs       []string // maskings undone
 	MessagesRemoved      int      // agent messages deleted (summaries and markers not counted)
-	MessagesRestored     int      // hidden messages that are effective again
+	MessagesRestored     int      // hidden messages that are effective again (summaries and markers included)
 }
 
 // PlanRewind is Roo's MessageManager.rewindToTimestamp over our history and
@@ -110,9 +110,12 @@ func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff i
 			ed.tagAt(at[t.MessageID], t.Field, "")
 		}
 	}
+	// Every message visible again counts, a summary or marker too: a
+	// condense's messages_condensed counts them when it hides them, and the
+	// rewind that undoes it should say the same number.
 	restored := 0
 	for _, m := range EffectiveHistory(ed.msgs) {
-		if !before[m.ID] && !m.Synthetic() {
+		if !before[m.ID] {
 			restored++
 		}
 	}
