@@ -52,6 +52,10 @@ const (
 	// the task, the latest instruction) alone exceed the allowed context, so
 	// no condense can bring it under; a truncation still hides what it may.
 	ReasonPinnedOverWindow Reason = "pinned_over_window"
+	// ReasonNothingToReduce: an overflow could not condense (condensing is
+	// blocked) and found nothing left to truncate; the context stays as it
+	// was.
+	ReasonNothingToReduce Reason = "nothing_to_reduce"
 )
 
 // ReasonBadInstructions rejects a condense input whose instructions are too

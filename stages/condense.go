@@ -602,14 +602,15 @@ func commandBlocks(m schema.Message) string {
 // it already or it must stay (keep), and returns what that adds to the
 // condense's messages_condensed: one if the message was in the effective
 // history, nothing if an earlier truncation hid it already (it is tagged
-// all the same).
+// all the same) or if it is a truncation marker (a truncation's
+// messages_removed and a rewind's messages_restored leave markers out too).
 func condenseAt(ed *editor, i int, id string, keep, visible map[string]bool) int {
 	m := &ed.msgs[i]
 	if m.CondenseParent != "" || keep[m.ID] {
 		return 0
 	}
 	ed.tagAt(i, schema.TagCondenseParent, id)
-	if visible[m.ID] {
+	if visible[m.ID] && !m.IsTruncationMarker {
 		return 1
 	}
 	return 0

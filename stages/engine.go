@@ -84,7 +84,10 @@ func (e *Engine) Apply(ctx context.Context, st schema.ConversationState, h Histo
 	case schema.KindCondense:
 		err = r.manage(Decide(st.ContextTokens, p, e.Globals, schema.TriggerManual, st.CondenseBlocked, e.Log))
 	case schema.KindOverflow:
-		err = r.manage(Decide(st.ContextTokens, p, e.Globals, schema.TriggerForced, st.CondenseBlocked, e.Log))
+		d := Decide(st.ContextTokens, p, e.Globals, schema.TriggerForced, st.CondenseBlocked, e.Log)
+		if err = r.manage(d); err == nil && len(r.ch.Events) == 0 {
+			r.nothingToReduce(d)
+		}
 	case schema.KindRewind:
 		err = r.rewind()
 	case schema.KindPin:
@@ -392,6 +395,25 @@ func (r *run) truncate(d Decision) {
 		NewContextTokens:  next,
 	})
 	r.log().Info("truncated", "messages", t.Removed, "prev_tokens", d.Prev, "new_tokens", next)
+}
+
+// nothingToReduce answers an overflow that changed nothing and said
+// nothing: condensing is blocked (a failed condense announces itself), and
+// nothing is left to truncate. The agent reported a request the provider refused;
+// without an event it would learn only from its next refusal that the
+// context is as it was.
+func (r *run) nothingToReduce(d Decision) {
+	why := "nothing is left to truncate"
+	if r.st.CondenseBlocked {
+		why = "condensing is blocked after a failed summary, and " + why
+	}
+	r.ch.Events = append(r.ch.Events, &schema.CondenseFailed{
+		EventHeader: r.header(schema.EventCondenseFailed),
+		Error:       schema.ReasonNothingToReduce,
+		Message:     fmt.Sprintf("%s: the context (%d tokens counted, %d allowed) stays as it is; unpin or rewind to get under the window", why, r.st.ContextTokens, int(d.Allowed)),
+		Trigger:     d.Trigger,
+	})
+	r.log().Warn("overflow: nothing to reduce", "blocked", r.st.CondenseBlocked, "tokens", r.st.ContextTokens)
 }
 
 func (r *run) rewind() error {

@@ -184,6 +184,29 @@ func TestEngineManualAndOverflow(t *testing.T) {
 	if err != nil || len(evs) != 0 {
 		t.Fatalf("duplicate input: %v %v", evs, err)
 	}
+	// Condensing is blocked now (the forced condense failed): further
+	// overflows truncate until nothing is left, and then say so rather
+	// than nothing at all (outside campaign).
+	if !c.State.CondenseBlocked {
+		t.Fatal("the failed forced condense did not block")
+	}
+	for i := range 10 {
+		evs, err = c.Apply(ctx, schema.Input{Kind: schema.KindOverflow, ID: msgID(52 + i), ConversationID: testConv, TS: 2002 + int64(i), Trigger: schema.TriggerForced})
+		mustNoErr(t, err)
+		if len(evs) == 0 {
+			t.Fatalf("overflow %d: no event", i)
+		}
+		if f, ok := evs[0].(*schema.CondenseFailed); ok {
+			if len(evs) != 1 || f.Error != schema.ReasonNothingToReduce || f.Trigger != schema.TriggerForced || !strings.Contains(f.Message, "blocked") {
+				t.Fatalf("overflow %d: %v %+v", i, types(evs), f)
+			}
+			return
+		}
+		if _, ok := evs[0].(*schema.SlidingWindowTruncation); !ok || len(evs) != 1 {
+			t.Fatalf("overflow %d: %v", i, types(evs))
+		}
+	}
+	t.Fatal("ten overflows truncated every time")
 }
 
 func TestEngineUsageIsGroundTruth(t *testing.T) {

@@ -703,13 +703,24 @@ func TestMessagesCondensedCountsWhatWasVisible(t *testing.T) {
 			mustNoErr(t, err)
 			c := plan.Finish("summary", lenCount)
 			before, after := EffectiveHistory(tr.History), EffectiveHistory(c.History)
-			added := 0 // the summary, and preserve_fraction's acknowledgement
+			// Markers are not counted (as a truncation's messages_removed
+			// leaves them out); the summary and preserve_fraction's
+			// acknowledgement were added.
+			counted := func(ms []schema.Message) (n int) {
+				for _, m := range ms {
+					if !m.IsTruncationMarker {
+						n++
+					}
+				}
+				return n
+			}
+			added := 0
 			for _, m := range after {
 				if m.IsSummary {
 					added++
 				}
 			}
-			if want := len(before) - (len(after) - added); c.MessagesCondensed != want || want <= 0 {
+			if want := counted(before) - (counted(after) - added); c.MessagesCondensed != want || want <= 0 {
 				t.Fatalf("messages_condensed %d, but %d visible messages were hidden (%d → %d, %d added)",
 					c.MessagesCondensed, want, len(before), len(after), added)
 			}

@@ -15,7 +15,7 @@ type Rewound struct {
 	RemovedTruncationIDs []string
 	RemovedMaskIDs       []string // maskings undone
 	MessagesRemoved      int      // agent messages deleted (summaries and markers not counted)
-	MessagesRestored     int      // hidden messages that are effective again (summaries and markers included)
+	MessagesRestored     int      // hidden messages that are effective again (truncation markers not counted)
 }
 
 // PlanRewind is Roo's MessageManager.rewindToTimestamp over our history and
@@ -110,12 +110,12 @@ func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff i
 			ed.tagAt(at[t.MessageID], t.Field, "")
 		}
 	}
-	// Every message visible again counts, a summary or marker too: a
-	// condense's messages_condensed counts them when it hides them, and the
-	// rewind that undoes it should say the same number.
+	// Counted as a condense's messages_condensed and a truncation's
+	// messages_removed count what they hide, truncation markers left out,
+	// so that the rewind undoing one says the same number.
 	restored := 0
 	for _, m := range EffectiveHistory(ed.msgs) {
-		if !before[m.ID] {
+		if !before[m.ID] && !m.IsTruncationMarker {
 			restored++
 		}
 	}
