@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/google/uuid"
@@ -45,6 +46,18 @@ type Transcript struct {
 	Turns  []schema.Turn
 	// SystemPrompt is the system message of an Anthropic or OpenAI file.
 	SystemPrompt string
+	// Lines holds, for a turns file, the line each turn starts on, so that
+	// an error names the line to fix.
+	Lines []int
+}
+
+// where names turn i (from 0) for an error: its line when the file's
+// format has them.
+func (tr *Transcript) where(i int) string {
+	if i < len(tr.Lines) {
+		return fmt.Sprintf("line %d (turn %d)", tr.Lines[i], i+1)
+	}
+	return fmt.Sprintf("turn %d", i+1)
 }
 
 // apiMessage is the union of the fields we read from Anthropic and OpenAI
@@ -149,16 +162,36 @@ func ParseTranscript(data []byte, f Format) (Transcript, error) {
 func parseTurns(data []byte) (Transcript, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	var tr Transcript
+	// lineAt is the line of byte offset off, counting from where the last
+	// call stopped (offsets only grow).
+	line, counted := 1, 0
+	lineAt := func(off int) int {
+		off = min(off, len(data))
+		line += bytes.Count(data[counted:off], []byte("\n"))
+		counted = off
+		return line
+	}
 	for {
+		// The next turn starts after the white space that follows the last.
+		start := int(dec.InputOffset())
+		for start < len(data) && strings.IndexByte(" \t\r\n", data[start]) >= 0 {
+			start++
+		}
 		var t schema.Turn
 		err := dec.Decode(&t)
 		if errors.Is(err, io.EOF) {
 			return tr, nil
 		}
 		if err != nil {
-			return tr, fmt.Errorf("turn %d: %w", len(tr.Turns)+1, err)
+			at := start
+			var se *json.SyntaxError
+			if errors.As(err, &se) {
+				at = int(se.Offset)
+			}
+			return tr, fmt.Errorf("line %d (turn %d): %w", lineAt(at), len(tr.Turns)+1, err)
 		}
 		tr.Turns = append(tr.Turns, t)
+		tr.Lines = append(tr.Lines, lineAt(start))
 	}
 }
 
@@ -402,6 +435,9 @@ func imageSource(u string) *schema.ImageSource {
 	return &schema.ImageSource{Type: "url", URL: u}
 }
 
+// preparedIDs is the UUID namespace of the ids Prepare derives.
+var preparedIDs = uuid.MustParse("6f1c2b0e-3d7a-4e58-9c41-2a8b5d0f7e93")
+
 // PrepareOptions says how Prepare stamps a transcript's turns.
 type PrepareOptions struct {
 	Conv         string
@@ -413,11 +449,13 @@ type PrepareOptions struct {
 
 // Prepare readies a transcript's turns for ctx.in.<conv>.turn: each keeps
 // its id only when it has a valid one and already belongs to the
-// conversation (so re-publishing a file is idempotent), otherwise it gets a
-// fresh UUID (publishing the same file to another conversation must not be
-// dropped as a duplicate); timestamps strictly increase; the system prompt is
-// set on every turn (it is "the prompt in force" for that turn). Every turn
-// is validated.
+// conversation, otherwise it gets one derived from the conversation, its
+// place in the file and its id there (publishing the same file to another
+// conversation must not be dropped as a duplicate, and publishing it to the
+// same one again must not store it twice: re-publishing is idempotent
+// either way); timestamps strictly increase; the system prompt is set on
+// every turn (it is "the prompt in force" for that turn). Every turn is
+// validated.
 func Prepare(tr Transcript, o PrepareOptions) ([]schema.Turn, error) {
 	if !schema.ValidConversationID(o.Conv) {
 		return nil, fmt.Errorf("conversation id %q must be 1-128 characters of [A-Za-z0-9_-]", o.Conv)
@@ -433,7 +471,7 @@ func Prepare(tr Transcript, o PrepareOptions) ([]schema.Turn, error) {
 	seen := make(map[string]bool, len(tr.Turns))
 	for i, t := range tr.Turns {
 		if _, err := uuid.Parse(t.ID); err != nil || len(t.ID) != 36 || t.ConversationID != o.Conv || seen[t.ID] {
-			t.ID = uuid.NewString()
+			t.ID = uuid.NewSHA1(preparedIDs, []byte(o.Conv+"\x00"+strconv.Itoa(i)+"\x00"+t.ID)).String()
 		}
 		seen[t.ID] = true
 		t.ConversationID = o.Conv
@@ -451,7 +489,7 @@ func Prepare(tr Transcript, o PrepareOptions) ([]schema.Turn, error) {
 			t.SystemPrompt = system
 		}
 		if err := t.Validate(); err != nil {
-			return nil, fmt.Errorf("turn %d: %w", i+1, err)
+			return nil, fmt.Errorf("%s: %w", tr.where(i), err)
 		}
 		out[i] = t
 	}

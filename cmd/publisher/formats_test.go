@@ -169,7 +169,7 @@ func TestPrepare(t *testing.T) {
 		wantProf string
 	}{
 		{"same conversation keeps valid ids", "c1", true, "", ""},
-		{"other conversation gets fresh ids", "c2", false, "p", "p"},
+		{"other conversation gets derived ids", "c2", false, "p", "p"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -196,6 +196,21 @@ func TestPrepare(t *testing.T) {
 				}
 			}
 		})
+	}
+	// Publishing the file again, later, to the same other conversation
+	// sends the same ids (the service keeps one copy); to a third one,
+	// other ids (outside campaign: re-publishing the README's sample into
+	// --conv demo stored it twice).
+	a, errA := Prepare(tr, PrepareOptions{Conv: "c2", Now: 1_000_000})
+	b, errB := Prepare(tr, PrepareOptions{Conv: "c2", Now: 2_000_000})
+	c, errC := Prepare(tr, PrepareOptions{Conv: "c3", Now: 1_000_000})
+	if errA != nil || errB != nil || errC != nil {
+		t.Fatal(errA, errB, errC)
+	}
+	for i := range a {
+		if a[i].ID != b[i].ID || a[i].ID == c[i].ID {
+			t.Errorf("turn %d: ids %s, then %s; %s in another conversation", i, a[i].ID, b[i].ID, c[i].ID)
+		}
 	}
 	if _, err := Prepare(tr, PrepareOptions{Conv: "a.b"}); err == nil {
 		t.Error("subject-unsafe conversation accepted")
@@ -284,5 +299,25 @@ func TestSampleSession(t *testing.T) {
 	}
 	if turns[0].SystemPrompt == "" {
 		t.Error("the first turn carries no system prompt")
+	}
+}
+
+// A turns file's errors name the line to fix, blank lines and all (outside
+// campaign: "turn 3" for a bad line 6).
+func TestTurnsErrorsNameTheLine(t *testing.T) {
+	for _, tc := range []struct{ name, data, want string }{
+		{"broken JSON", "{\"role\":\"user\",\"content\":\"a\"}\n\n\n{\"role\":\"assistant\",\"content\":\"b\"}\n\n{\"role\":\"user\",\"content\":\"c\"\n", "line 6 (turn 3)"},
+		{"garbage after a turn", "{\"role\":\"user\",\"content\":\"a\"}\n{\"role\":\"user\",\"content\":\"c\"} garbage\n", "line 2 (turn 3)"},
+		{"invalid turn", "{\"role\":\"user\",\"content\":\"a\"}\n\n{\"role\":\"system\",\"content\":\"b\"}\n", "line 3 (turn 2)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, err := ParseTranscript([]byte(tc.data), FormatTurns)
+			if err == nil {
+				_, err = Prepare(tr, PrepareOptions{Conv: "c", Now: 1000})
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want %q", err, tc.want)
+			}
+		})
 	}
 }
