@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/client"
 	"github.com/ctxpipe/ctxpipe/client/clienttest"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -347,13 +348,15 @@ func TestControlInputs(t *testing.T) {
 		ts      int64
 		include bool
 	}{
-		{schema.KindCondense, nil, schema.TriggerManual, 0, false},
+		{schema.KindCondense, []string{"--instructions", "keep the failing test's name"}, schema.TriggerManual, 0, false},
 		{schema.KindOverflow, nil, schema.TriggerForced, 0, false},
 		{schema.KindRewind, []string{"--ts", "1732250000000", "--include-target"}, "", 1732250000000, true},
+		{schema.KindPin, []string{"--message", "0b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a21", "--unpin"}, "", 0, false},
 	}
 	for _, tt := range tests {
 		t.Run(string(tt.kind), func(t *testing.T) {
-			code, stdout, stderr := e.cli(t, e.ctx, append([]string{string(tt.kind), "--conv", "c9"}, tt.args...)...)
+			// No service here: nothing would answer the wait.
+			code, stdout, stderr := e.cli(t, e.ctx, append([]string{string(tt.kind), "--conv", "c9", "--wait=false"}, tt.args...)...)
 			if code != 0 {
 				t.Fatalf("exit %d: %s", code, stderr)
 			}
@@ -375,7 +378,68 @@ func TestControlInputs(t *testing.T) {
 			if tt.ts != 0 && in.TS != tt.ts {
 				t.Fatalf("ts %d, want %d", in.TS, tt.ts)
 			}
+			switch tt.kind {
+			case schema.KindCondense:
+				if in.Instructions != "keep the failing test's name" {
+					t.Fatalf("instructions %q", in.Instructions)
+				}
+			case schema.KindPin:
+				if in.MessageID != "0b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a21" || in.Pinned {
+					t.Fatalf("pin %+v", in)
+				}
+			}
 		})
+	}
+	for _, args := range [][]string{{"rewind", "--conv", "c9", "--ts", "-5"}, {"pin", "--conv", "c9"}} {
+		if code, _, stderr := e.cli(t, e.ctx, args...); code != 2 || !strings.Contains(stderr, "--") {
+			t.Errorf("%v: exit %d: %s", args, code, stderr)
+		}
+	}
+}
+
+// By default a control command waits for the input's outcome: a rejection
+// exits 1 with its reason (outside campaign: "published", exit 0, for a
+// rewind the service rejected unknown_target).
+func TestControlWaitsForTheOutcome(t *testing.T) {
+	e := newEnv(t)
+	sub, err := e.nc.QueueSubscribe(schema.SubjectHistory, bus.QueueGroup, func(m *nats.Msg) {
+		var req schema.HistoryRequest
+		_ = json.Unmarshal(m.Data, &req)
+		if req.WaitFor == "" {
+			_ = m.Respond(schema.MarshalQueryError(schema.QueryBadRequest, "no wait_for"))
+			return
+		}
+		kind := ""
+		for _, k := range []schema.InputKind{schema.KindCondense, schema.KindRewind} {
+			for _, sm := range e.stored(t, schema.InputSubject("c9", k)) {
+				if sm.Header.Get(jetstream.MsgIDHeader) == req.WaitFor {
+					kind = string(k)
+				}
+			}
+		}
+		switch kind {
+		case "":
+			_ = m.Respond(schema.MarshalQueryError(schema.QueryBadRequest, "wait_for is no input sent"))
+			return
+		case string(schema.KindRewind):
+			_ = m.Respond(schema.MarshalQueryError(client.CodeInputRejected, "input "+req.WaitFor+" was rejected: unknown_target"))
+			return
+		}
+		b, _ := schema.Marshal(schema.HistoryReply{ConversationID: req.ConversationID, View: schema.ViewEffective, Messages: make([]schema.Message, 1)})
+		_ = m.Respond(b)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := e.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := e.cli(t, e.ctx, "condense", "--conv", "c9"); code != 0 || !strings.Contains(stderr, "applied condense") {
+		t.Fatalf("condense: exit %d: %s", code, stderr)
+	}
+	if code, _, stderr := e.cli(t, e.ctx, "rewind", "--conv", "c9", "--ts", "5"); code != 1 || !strings.Contains(stderr, "unknown_target") {
+		t.Fatalf("rejected rewind: exit %d: %s", code, stderr)
 	}
 }
 

@@ -73,9 +73,15 @@ func runFollow(ctx context.Context, c *cli, args []string) error {
 	defer nc.Close()
 	gctx, cancel := c.guard(ctx)
 	defer cancel()
+	// Only the service's account reads CTX_EVENTS whole; a tenant's user
+	// is refused, and should be told what it can do instead.
+	const tenantHint = "reading every conversation's stored events needs the service's account; a tenant's user can follow one conversation with --conv ID (and --all)"
 	cons, err := js.OrderedConsumer(gctx, bus.StreamEvents, cfg)
 	if err != nil {
-		return fmt.Errorf("follow %s: %w", bus.StreamEvents, c.refused(err))
+		if p := c.permission(); p != nil {
+			return fmt.Errorf("follow %s: %w (%s)", bus.StreamEvents, p, tenantHint)
+		}
+		return fmt.Errorf("follow %s: %w", bus.StreamEvents, err)
 	}
 	it, err := cons.Messages()
 	if err != nil {
@@ -89,7 +95,7 @@ func runFollow(ctx context.Context, c *cli, args []string) error {
 		m, err := it.Next()
 		if err != nil {
 			if p := c.permission(); p != nil {
-				return fmt.Errorf("follow: %w", p)
+				return fmt.Errorf("follow: %w (%s)", p, tenantHint)
 			}
 			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil // interrupted: a normal end of follow

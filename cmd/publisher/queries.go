@@ -14,8 +14,8 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// runControl returns the command that publishes a condense, overflow or
-// rewind input.
+// runControl returns the command that publishes a condense, overflow,
+// rewind or pin input and, unless --wait=false, waits for its outcome.
 func runControl(kind schema.InputKind) func(context.Context, *cli, []string) error {
 	return func(ctx context.Context, c *cli, args []string) error {
 		fs := c.flags()
@@ -28,6 +28,20 @@ func runControl(kind schema.InputKind) func(context.Context, *cli, []string) err
 			ts = fs.Int64("ts", 0, "cutoff timestamp, Unix ms (required): the turn at this ts and later are undone")
 			includeTarget = fs.Bool("include-target", false, "keep the turn at exactly --ts (what it caused is still undone)")
 		}
+		var (
+			messageID *string
+			unpin     *bool
+		)
+		if kind == schema.KindPin {
+			messageID = fs.String("message", "", "id of the stored message to pin (required; from history --view full)")
+			unpin = fs.Bool("unpin", false, "unpin it instead")
+		}
+		var instructions *string
+		if kind == schema.KindCondense {
+			instructions = fs.String("instructions", "", "what the summary should keep or stress (at most 2,000 characters)")
+		}
+		wait := fs.Bool("wait", true, "wait until ctxpipe has applied the input, and fail (exit 1) if it was rejected")
+		waitTimeout := fs.Duration("wait-timeout", 30*time.Second, "how long --wait waits")
 		pos, err := parse(fs, args)
 		if err != nil {
 			return err
@@ -41,10 +55,18 @@ func runControl(kind schema.InputKind) func(context.Context, *cli, []string) err
 		in := schema.Input{Kind: kind, ID: uuid.NewString(), TS: time.Now().UnixMilli()}
 		switch kind {
 		case schema.KindCondense:
-			in.Trigger = schema.TriggerManual
+			in.Trigger, in.Instructions = schema.TriggerManual, *instructions
+		case schema.KindPin:
+			if *messageID == "" {
+				return usagef("--message is required (the id of a stored message)")
+			}
+			in.MessageID, in.Pinned = *messageID, !*unpin
 		case schema.KindRewind:
-			if *ts <= 0 {
+			switch {
+			case *ts == 0:
 				return usagef("--ts is required (the cutoff, Unix ms)")
+			case *ts < 0:
+				return usagef("--ts must be a positive Unix ms timestamp, got %d", *ts)
 			}
 			in.TS, in.IncludeTarget = *ts, *includeTarget
 		}
@@ -66,6 +88,25 @@ func runControl(kind schema.InputKind) func(context.Context, *cli, []string) err
 		}
 		fmt.Fprintln(c.stdout, in.ID)
 		fmt.Fprintf(c.stderr, "published %s to %s (stream %s seq %d)\n", kind, subj, ack.Stream, ack.Sequence)
+		if !*wait {
+			return nil
+		}
+		cl, err := client.New(nc)
+		if err != nil {
+			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, *waitTimeout)
+		defer cancel()
+		if err := cl.Wait(wctx, *conv, in.ID); err != nil {
+			// A rejection (unknown_target, say) is the answer, not a
+			// failure to publish: say it and exit 1.
+			return err
+		}
+		if kind == schema.KindPin { // a pin emits no event
+			fmt.Fprintf(c.stderr, "applied pin %s\n", in.ID)
+		} else {
+			fmt.Fprintf(c.stderr, "applied %s %s (publisher replay --conv %s shows what it did)\n", kind, in.ID, *conv)
+		}
 		return nil
 	}
 }
