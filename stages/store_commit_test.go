@@ -30,14 +30,7 @@ func TestMaskingCommitsThroughTheStore(t *testing.T) {
 	const conv = "mask-store"
 	p := schema.Profile{ID: "m", ContextWindow: 10000, MaxTokens: 100, Strategy: schema.StrategyKeepTail,
 		MinGainTokens: new(int), Mask: schema.MaskSettings{Enabled: true, KeepLast: new(int)}}
-	eng := stages.NewEngine(stages.SummarizerFunc(func(_ context.Context, req schema.SummaryRequest) (schema.Summary, error) {
-		return schema.Summary{Text: fmt.Sprintf("summary of %d messages", len(req.Messages)), Model: "t"}, nil
-	}))
-	eng.Log = slog.New(slog.DiscardHandler)
-	eng.Globals = schema.Globals{AutoCondense: true, AutoCondensePercent: 75}
-	eng.Counter = func(*schema.Profile) (tokens.Counter, error) {
-		return tokens.Counter{Text: tokens.Chars{}, Fudge: 1}, nil
-	}
+	eng := charCountEngine("summary")
 	mem := stages.NewConversation(conv, p, eng)
 
 	id := func(i int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", i) }
@@ -66,39 +59,9 @@ func TestMaskingCommitsThroughTheStore(t *testing.T) {
 
 	seen, hiddenStandIn := map[schema.EventType]bool{}, false
 	for n, in := range inputs {
-		st, _, err := s.State(ctx, conv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ch, err := eng.Apply(ctx, st, s.Conversation(conv), &p, in)
-		if err != nil {
-			t.Fatalf("input %d: %v", n, err)
-		}
-		payload, _ := json.Marshal(map[string]any{"id": in.ID, "n": n})
-		rec := store.InputRecord{ID: in.ID, ConversationID: conv, Kind: string(in.Kind), Subject: schema.InputSubject(conv, in.Kind),
-			TS: in.TS, Payload: payload, Status: store.StatusApplied}
-		if _, err := s.Commit(ctx, []store.Entry{{Input: rec, Changes: ch}}); err != nil {
-			t.Fatalf("input %d (%s): commit: %v", n, in.Kind, err)
-		}
-		if _, err := mem.Apply(ctx, in); err != nil {
-			t.Fatalf("input %d in memory: %v", n, err)
-		}
+		ch, stored := applyBoth(ctx, t, s, eng, mem, &p, n, in)
 		for _, e := range ch.Events {
 			seen[e.Header().Type] = true
-		}
-		stored, err := s.Messages(ctx, conv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(stored)+len(mem.Messages) > 0 && !reflect.DeepEqual(stored, mem.Messages) {
-			t.Fatalf("input %d (%s): the store holds another history than Apply makes", n, in.Kind)
-		}
-		visible, _, err := s.Visible(ctx, conv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got, want := stages.EffectiveHistory(visible), mem.Effective(); len(got)+len(want) > 0 && !reflect.DeepEqual(got, want) {
-			t.Fatalf("input %d (%s): effective history over the store's visible messages differs", n, in.Kind)
 		}
 		for _, m := range stored {
 			if m.IsMask() && m.CondenseParent != "" {
@@ -133,14 +96,7 @@ func TestSummaryAckCommitsThroughTheStore(t *testing.T) {
 	}
 	const conv = "ack-store"
 	p := schema.Profile{ID: "pf", ContextWindow: 100000, MaxTokens: 100, Strategy: schema.StrategyPreserveFraction, MinGainTokens: new(int)}
-	eng := stages.NewEngine(stages.SummarizerFunc(func(_ context.Context, req schema.SummaryRequest) (schema.Summary, error) {
-		return schema.Summary{Text: fmt.Sprintf("snapshot of %d messages", len(req.Messages)), Model: "t"}, nil
-	}))
-	eng.Log = slog.New(slog.DiscardHandler)
-	eng.Globals = schema.Globals{AutoCondense: true, AutoCondensePercent: 75}
-	eng.Counter = func(*schema.Profile) (tokens.Counter, error) {
-		return tokens.Counter{Text: tokens.Chars{}, Fudge: 1}, nil
-	}
+	eng := charCountEngine("snapshot")
 	mem := stages.NewConversation(conv, p, eng)
 	id := func(i int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", i) }
 	var inputs []schema.Input
@@ -158,36 +114,7 @@ func TestSummaryAckCommitsThroughTheStore(t *testing.T) {
 	inputs = append(inputs, schema.Input{Kind: schema.KindRewind, ID: id(600), ConversationID: conv, TS: 1000 + 10*20})
 	acks := 0
 	for n, in := range inputs {
-		st, _, err := s.State(ctx, conv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ch, err := eng.Apply(ctx, st, s.Conversation(conv), &p, in)
-		if err != nil {
-			t.Fatalf("input %d: %v", n, err)
-		}
-		rec := store.InputRecord{ID: in.ID, ConversationID: conv, Kind: string(in.Kind), Subject: schema.InputSubject(conv, in.Kind),
-			TS: in.TS, Payload: []byte(fmt.Sprintf(`{"id":%q}`, in.ID)), Status: store.StatusApplied}
-		if _, err := s.Commit(ctx, []store.Entry{{Input: rec, Changes: ch}}); err != nil {
-			t.Fatalf("input %d (%s): commit: %v", n, in.Kind, err)
-		}
-		if _, err := mem.Apply(ctx, in); err != nil {
-			t.Fatalf("input %d in memory: %v", n, err)
-		}
-		stored, err := s.Messages(ctx, conv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !reflect.DeepEqual(stored, mem.Messages) {
-			t.Fatalf("input %d (%s): the store holds another history than Apply makes", n, in.Kind)
-		}
-		visible, _, err := s.Visible(ctx, conv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got, want := stages.EffectiveHistory(visible), mem.Effective(); !reflect.DeepEqual(got, want) {
-			t.Fatalf("input %d (%s): effective history over the store's visible messages differs", n, in.Kind)
-		}
+		_, stored := applyBoth(ctx, t, s, eng, mem, &p, n, in)
 		for _, m := range stored {
 			if m.IsSummaryAck {
 				acks++
@@ -219,4 +146,60 @@ func TestSummaryAckCommitsThroughTheStore(t *testing.T) {
 	if n == 0 {
 		t.Fatalf("the rewind left no condense, or the acknowledgement was lost: %d acks", n)
 	}
+}
+
+// charCountEngine is an engine counting characters, whose summarizer says
+// "<what> of N messages".
+func charCountEngine(what string) *stages.Engine {
+	eng := stages.NewEngine(stages.SummarizerFunc(func(_ context.Context, req schema.SummaryRequest) (schema.Summary, error) {
+		return schema.Summary{Text: fmt.Sprintf("%s of %d messages", what, len(req.Messages)), Model: "t"}, nil
+	}))
+	eng.Log = slog.New(slog.DiscardHandler)
+	eng.Globals = schema.Globals{AutoCondense: true, AutoCondensePercent: 75}
+	eng.Counter = func(*schema.Profile) (tokens.Counter, error) {
+		return tokens.Counter{Text: tokens.Chars{}, Fudge: 1}, nil
+	}
+	return eng
+}
+
+// applyBoth applies input n through the store (Apply over the stored
+// conversation, then Commit) and to mem, and fails unless the stored
+// history is mem's and the effective history over the store's visible
+// messages is mem's effective history. It returns the changes and the
+// stored history.
+func applyBoth(ctx context.Context, t *testing.T, s *store.Store, eng *stages.Engine, mem *stages.Conversation, p *schema.Profile, n int, in schema.Input) (*schema.Changes, []schema.Message) {
+	t.Helper()
+	conv := in.ConversationID
+	st, _, err := s.State(ctx, conv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := eng.Apply(ctx, st, s.Conversation(conv), p, in)
+	if err != nil {
+		t.Fatalf("input %d: %v", n, err)
+	}
+	payload, _ := json.Marshal(map[string]any{"id": in.ID, "n": n})
+	rec := store.InputRecord{ID: in.ID, ConversationID: conv, Kind: string(in.Kind), Subject: schema.InputSubject(conv, in.Kind),
+		TS: in.TS, Payload: payload, Status: store.StatusApplied}
+	if _, err := s.Commit(ctx, []store.Entry{{Input: rec, Changes: ch}}); err != nil {
+		t.Fatalf("input %d (%s): commit: %v", n, in.Kind, err)
+	}
+	if _, err := mem.Apply(ctx, in); err != nil {
+		t.Fatalf("input %d in memory: %v", n, err)
+	}
+	stored, err := s.Messages(ctx, conv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stored)+len(mem.Messages) > 0 && !reflect.DeepEqual(stored, mem.Messages) {
+		t.Fatalf("input %d (%s): the store holds another history than Apply makes", n, in.Kind)
+	}
+	visible, _, err := s.Visible(ctx, conv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := stages.EffectiveHistory(visible), mem.Effective(); len(got)+len(want) > 0 && !reflect.DeepEqual(got, want) {
+		t.Fatalf("input %d (%s): effective history over the store's visible messages differs", n, in.Kind)
+	}
+	return ch, stored
 }
