@@ -255,37 +255,6 @@ func TestRewindRaceAdjustment(t *testing.T) {
 	}
 }
 
-// The cutoff never moves forward past a call it asked to delete onto the
-// result that answers it: that would keep the call and delete its result
-// (an outside campaign saw the effective history end in a call whose result
-// was gone, and the same rewind sent again delete the call after all).
-func TestRewindRaceAdjustmentKeepsExchangesWhole(t *testing.T) {
-	var h []schema.Message
-	for _, tr := range []schema.Turn{turnOf(0, 5), turnOf(1, 5), turnOf(2, 5), callTurn(3, 5, "X"), resultTurn(4, "X"), turnOf(5, 5)} {
-		h = append(h, schema.Message{Turn: tr, Tokens: 5})
-	}
-	// Between m2 (1020) and the call m3 (1030): the first user message at
-	// or after it is the result m4.
-	rw, ok := PlanRewind(h, nil, 1025, false)
-	if !ok || rw.CutoffTS != 1025 || join(rw.History) != "m0 m1 m2" {
-		t.Fatalf("cutoff %d history %q", rw.CutoffTS, join(rw.History))
-	}
-	if lost := lostResults(rw.History); len(lost) > 0 || len(openToolUses(rw.History)) > 0 {
-		t.Fatalf("the exchange was split: results %v, open calls %v", lost, openToolUses(rw.History))
-	}
-	// Sent again: nothing left at or after the cutoff.
-	if _, ok := PlanRewind(rw.History, nil, 1025, false); ok {
-		t.Fatal("the same rewind again found more to delete")
-	}
-	// A result stamped before its call (the race Roo's rule is for): the
-	// cutoff still moves to it, and the call goes with it.
-	h[4].TS = 1028
-	rw, ok = PlanRewind(h, nil, 1025, false)
-	if !ok || rw.CutoffTS != 1028 || join(rw.History) != "m0 m1 m2" {
-		t.Fatalf("result stamped early: cutoff %d history %q", rw.CutoffTS, join(rw.History))
-	}
-}
-
 func TestCleanup(t *testing.T) {
 	h := msgs(4)
 	h[1].CondenseParent = "gone"
@@ -919,5 +888,71 @@ func TestRewindRestoresWhatTheCondenseCondensed(t *testing.T) {
 	rw, ok := PlanRewind(c.History, evs, last, true)
 	if !ok || rw.MessagesRestored != c.MessagesCondensed || !reflect.DeepEqual(rw.History, tr.History) {
 		t.Fatalf("ok %v: restored %d, condensed %d", ok, rw.MessagesRestored, c.MessagesCondensed)
+	}
+}
+
+// Roo's race fix (#10113) in its own scenario: the UI row the user rewinds
+// to was stamped before the assistant turn that precedes it in the
+// history. The cutoff moves to the next user message, here the tool
+// results, so the assistant turn is kept with its calls pending, as Roo
+// keeps it; the agent sends the results again. (An outside campaign read
+// the pending call as a split exchange; a review against the seeds showed
+// it is what Roo does on purpose.)
+func TestRewindRaceAdjustmentKeepsTheCallPending(t *testing.T) {
+	var h []schema.Message
+	for _, tr := range []schema.Turn{turnOf(0, 5), turnOf(1, 5), turnOf(2, 5), callTurn(3, 5, "X"), resultTurn(4, "X"), turnOf(5, 5)} {
+		h = append(h, schema.Message{Turn: tr, Tokens: 5})
+	}
+	rw, ok := PlanRewind(h, nil, 1025, false)
+	if !ok || rw.CutoffTS != 1040 || join(rw.History) != "m0 m1 m2 m3" {
+		t.Fatalf("cutoff %d history %q", rw.CutoffTS, join(rw.History))
+	}
+	if open := openToolUses(rw.History); !open["X"] {
+		t.Fatalf("the call is not pending: %v", open)
+	}
+	// The agent answers the call again: the history is whole.
+	if lost := lostResults(append(rw.History, schema.Message{Turn: resultTurn(6, "X")})); len(lost) > 0 {
+		t.Fatalf("results %v dropped", lost)
+	}
+}
+
+// A rewind lists every reduction it undoes, and undoes what stood on it
+// (review of this session's changes):
+//   - a fresh_start summary at the end is stamped one past the turn that
+//     caused it; a rewind to that millisecond deletes it, and must say the
+//     condense is undone;
+//   - a condense undone by its event alone (stamped ahead by a UI clock),
+//     with no message deleted, takes the later condense that hid its
+//     summary with it.
+func TestRewindListsAndCascadesEveryUndoneReduction(t *testing.T) {
+	p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyFreshStart, KeepTask: boolp(false)}
+	orig := msgs(6)
+	plan, err := PlanCondense(orig, &p, "in")
+	mustNoErr(t, err)
+	c1 := plan.Finish("s1", lenCount)
+	at := orig[5].TS + 1 // the summary's ts
+	evs := []schema.ContextEventRef{{Type: schema.EventCondenseContext, ID: plan.CondenseID, TS: orig[5].TS}}
+	rw, ok := PlanRewind(c1.History, evs, at, false)
+	if !ok || !slices.Equal(rw.RemovedCondenseIDs, []string{plan.CondenseID}) || !reflect.DeepEqual(rw.History, orig) ||
+		rw.MessagesRestored != c1.MessagesCondensed {
+		t.Fatalf("rewind to the summary's ts: ok %v, removed %v, restored %d of %d, history %q",
+			ok, rw.RemovedCondenseIDs, rw.MessagesRestored, c1.MessagesCondensed, join(rw.History))
+	}
+
+	// The first condense stamped ahead (9000); a second one hides its
+	// summary; a rewind to 9000 deletes no message.
+	evs[0].TS = 9000
+	h := c1.History
+	for i := 6; i < 10; i++ {
+		h = append(h, textMsg(i, fmt.Sprintf("later %d", i)))
+	}
+	want := slices.Concat(orig, h[len(h)-4:])
+	plan2, err := PlanCondense(h, &p, "in2")
+	mustNoErr(t, err)
+	h = plan2.Finish("s2", lenCount).History
+	evs = append(evs, schema.ContextEventRef{Type: schema.EventCondenseContext, ID: plan2.CondenseID, TS: want[len(want)-1].TS})
+	rw, ok = PlanRewind(h, evs, 9000, false)
+	if !ok || len(rw.RemovedCondenseIDs) != 2 || !reflect.DeepEqual(rw.History, want) {
+		t.Fatalf("cascade: ok %v, removed %v, history %q", ok, rw.RemovedCondenseIDs, join(rw.History))
 	}
 }

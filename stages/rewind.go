@@ -71,9 +71,6 @@ func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff i
 				break
 			}
 		}
-		if splitsExchange(msgs, cutoff, actual) {
-			actual = cutoff
-		}
 	}
 	keepTS := func(ts int64) bool {
 		return ts < actual || (includeTarget && exact && ts == cutoff)
@@ -84,9 +81,7 @@ func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff i
 			drops++
 		}
 	}
-	if drops > 0 {
-		undoCovering(msgs, keepTS, removedC, removedT, removedM)
-	}
+	undoCovering(msgs, keepTS, removedC, removedT, removedM)
 	if drops == 0 && len(removedC) == 0 && len(removedT) == 0 && len(removedM) == 0 {
 		return Rewound{}, false
 	}
@@ -131,41 +126,6 @@ func PlanRewind(msgs []schema.Message, events []schema.ContextEventRef, cutoff i
 	}, true
 }
 
-// splitsExchange tells whether moving a rewind's cutoff forward, from
-// cutoff to actual, would keep a call (made at or after cutoff) whose
-// result it deletes. The user message the cutoff moves to may hold only
-// tool results: the assistant turn before it, which the cutoff asked to
-// delete, would be left waiting for results that are gone (an outside
-// campaign saw it). The cutoff then stays where it was asked.
-func splitsExchange(msgs []schema.Message, cutoff, actual int64) bool {
-	if actual == cutoff {
-		return false
-	}
-	calls := map[string]bool{}
-	for i := range msgs {
-		if ts := msgs[i].TS; ts >= cutoff && ts < actual {
-			for _, b := range msgs[i].Content.Blocks {
-				if b.Type == schema.BlockToolUse {
-					calls[b.ID] = true
-				}
-			}
-		}
-	}
-	if len(calls) == 0 {
-		return false
-	}
-	for i := range msgs {
-		if msgs[i].TS >= actual {
-			for _, b := range msgs[i].Content.Blocks {
-				if b.Type == schema.BlockToolResult && calls[b.ToolUseID] {
-					return true
-				}
-			}
-		}
-	}
-	return false
-}
-
 // rewindDrops tells whether a rewind deletes m: by its ts, or as the
 // summary, marker or stand-in of a reduction it undoes.
 func rewindDrops(m *schema.Message, keepTS func(int64) bool, removedC, removedT, removedM map[string]bool) bool {
@@ -184,8 +144,10 @@ func rewindDrops(m *schema.Message, keepTS func(int64) bool, removedC, removedT,
 // turn stamped ahead of its neighbours, puts a summarized message after a
 // cutoff that the event lies before. (When the summary's own ts falls after
 // the cutoff too, it was deleted anyway; the condense is now also reported
-// as undone.) Undoing a reduction deletes its summary, which may be hidden
-// by a later one in turn.
+// as undone.) A reduction whose own summary, marker or stand-in the cutoff
+// deletes is undone too, and reported. Undoing a reduction deletes its
+// summary, which may be hidden by a later one in turn: this runs even when
+// the cutoff deletes no message, for a condense undone by its event alone.
 func undoCovering(msgs []schema.Message, keepTS func(int64) bool, removedC, removedT, removedM map[string]bool) {
 	// Which reduction each parent tag names.
 	byCondense, byTruncation := map[string]map[string]bool{}, map[string]map[string]bool{}
@@ -206,6 +168,22 @@ func undoCovering(msgs []schema.Message, keepTS func(int64) bool, removedC, remo
 		}
 		undone[id] = true
 		return true
+	}
+	// A summary, marker or stand-in the cutoff deletes by its ts is its
+	// reduction undone: say so. (A summary at the end of the history is
+	// stamped one past the turn that caused its condense, so a rewind to
+	// a turn stamped that same millisecond deletes it.)
+	for i := range msgs {
+		m := &msgs[i]
+		if keepTS(m.TS) {
+			continue
+		}
+		switch {
+		case m.IsSummary && m.CondenseID != "":
+			undo(byCondense[m.CondenseID], m.CondenseID)
+		case m.IsTruncationMarker && m.TruncationID != "":
+			undo(byTruncation[m.TruncationID], m.TruncationID)
+		}
 	}
 	for more := true; more; {
 		more = false
