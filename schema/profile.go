@@ -81,9 +81,10 @@ const MaxProfileIDBytes = 128
 
 // ValidProfileID reports whether id can name a profile: 1 to
 // MaxProfileIDBytes of letters, digits and - _ = / . (a key of the profiles
-// bucket), neither starting nor ending with a dot.
+// bucket), neither starting nor ending with a dot, nor holding two in a row
+// (the bucket refuses such a key, and the service could not seed it).
 func ValidProfileID(id string) bool {
-	if id == "" || len(id) > MaxProfileIDBytes || id[0] == '.' || id[len(id)-1] == '.' {
+	if id == "" || len(id) > MaxProfileIDBytes || id[0] == '.' || id[len(id)-1] == '.' || strings.Contains(id, "..") {
 		return false
 	}
 	for i := 0; i < len(id); i++ {
@@ -232,7 +233,7 @@ func (p *Profile) Validate() error {
 		return Errorf(ReasonBadProfile, "profile needs an id")
 	}
 	if !ValidProfileID(p.ID) {
-		return Errorf(ReasonBadProfile, "profile id %.40q…: at most %d letters, digits and - _ = / ., not starting or ending with a dot", p.ID, MaxProfileIDBytes)
+		return Errorf(ReasonBadProfile, "profile id %.40q…: at most %d letters, digits and - _ = / ., no dot first, last or next to another", p.ID, MaxProfileIDBytes)
 	}
 	if p.ContextWindow <= 0 || p.ContextWindow > MaxTokenCount {
 		return Errorf(ReasonBadProfile, "profile %q: context_window must be in [1, %d]", p.ID, MaxTokenCount)

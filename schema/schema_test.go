@@ -352,6 +352,7 @@ func TestProfileValidate(t *testing.T) {
 		{"id with a wildcard", schema.Profile{ID: "demo.>", ContextWindow: 1000}, false},
 		{"id starting with a dot", schema.Profile{ID: ".demo", ContextWindow: 1000}, false},
 		{"id ending with a dot", schema.Profile{ID: "demo.", ContextWindow: 1000}, false},
+		{"id with two dots in a row", schema.Profile{ID: "demo..16k", ContextWindow: 1000}, false},
 		{"id not ASCII", schema.Profile{ID: "démo", ContextWindow: 1000}, false},
 		{"no window", schema.Profile{ID: "p"}, false},
 		{"max_tokens = window", schema.Profile{ID: "p", ContextWindow: 1000, MaxTokens: 1000}, false},

@@ -235,14 +235,17 @@ func toolBlocksToPreserve(msgs []schema.Message, keepStart int, keep map[string]
 // results the agent sends next keep their calls.
 //
 // Kept messages (MustKeep: the task, the latest instruction, pinned ones)
-// stay visible before the summary; they count for the two-message guard
-// only if something else would be hidden.
+// stay visible before the summary. They count for Roo's two-message guard,
+// but something else must be hidden too: two messages with no summary yet,
+// one after a summary (which is summarized again).
 func planFreshStart(msgs []schema.Message, id string, keep map[string]bool, maskResults bool) (*CondensePlan, error) {
 	keepFrom := pendingTurn(msgs)
 	pending := idSet(msgs[keepFrom:])
 	eff := EffectiveHistory(msgs)
-	span := eff[:0]      // eff is ours: filter in place
-	last, agent := -1, 0 // the last summary in span; agent messages after it
+	span := eff[:0] // eff is ours: filter in place
+	// last is the last summary in span; since counts the agent messages
+	// after it, hideable those of them that need not stay.
+	last, since, hideable := -1, 0, 0
 	for _, m := range eff {
 		if pending[m.ID] {
 			continue
@@ -250,20 +253,26 @@ func planFreshStart(msgs []schema.Message, id string, keep map[string]bool, mask
 		span = append(span, m)
 		switch {
 		case m.IsCondenseSummary():
-			last, agent = len(span)-1, 0
-		case (!m.Synthetic() || m.IsMask()) && !keep[m.ID]:
-			agent++
+			last, since, hideable = len(span)-1, 0, 0
+		case !m.Synthetic() || m.IsMask():
+			since++
+			if !keep[m.ID] {
+				hideable++
+			}
 		}
 	}
 	// Roo's guard: after a summary, two new messages are needed; fewer is
-	// "condensed recently", as Roo words it.
+	// "condensed recently", as Roo words it. The condense must also hide
+	// something besides the summary: with no summary yet, two messages.
 	switch {
-	case last >= 0 && agent == 0:
+	case last >= 0 && since == 0:
 		return nil, schema.Errorf(schema.ReasonCondensedRecently, "nothing was said since the last summary")
-	case last >= 0 && agent < 2:
-		return nil, schema.Errorf(schema.ReasonCondensedRecently, "%d message since the last summary; need at least 2", agent)
-	case agent < 2:
-		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "%d messages to summarize; need at least 2", agent)
+	case last >= 0 && since < 2:
+		return nil, schema.Errorf(schema.ReasonCondensedRecently, "%d message since the last summary; need at least 2", since)
+	case last >= 0 && hideable == 0:
+		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "every message since the last summary must stay")
+	case last < 0 && hideable < 2:
+		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "%d messages to summarize; need at least 2", hideable)
 	}
 	plan := &CondensePlan{Strategy: schema.StrategyFreshStart}
 	req := withDeferredToolResults(span)
@@ -339,22 +348,23 @@ func planPreserveFraction(msgs []schema.Message, id string, keep map[string]bool
 	if split == 0 {
 		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "no boundary to split at")
 	}
-	// The last summary and its acknowledgement hide nothing new when
-	// summarized again.
-	hides, onlyLast := 0, eff[0].IsCondenseSummary()
+	// What the condense would hide besides summaries and their
+	// acknowledgements: nothing new when only the last summary (with the
+	// messages that must stay anyway, the task say) lies before the split.
+	hides, summaries := 0, 0
 	for i := range eff[:split] {
-		m := &eff[i]
-		if i > 0 && !(m.IsSummaryAck && m.CondenseID == eff[0].CondenseID) {
-			onlyLast = false
-		}
-		if !keep[m.ID] && !m.IsCondenseSummary() && !m.IsSummaryAck {
+		switch m := &eff[i]; {
+		case keep[m.ID]:
+		case m.IsCondenseSummary():
+			summaries++
+		case !m.IsSummaryAck:
 			hides++
 		}
 	}
-	if onlyLast {
+	switch {
+	case hides == 0 && summaries > 0:
 		return nil, schema.Errorf(schema.ReasonCondensedRecently, "only the last summary would be summarized")
-	}
-	if hides == 0 {
+	case hides == 0:
 		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "every message before the split must stay")
 	}
 	plan := &CondensePlan{Strategy: schema.StrategyPreserveFraction}

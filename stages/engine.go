@@ -403,6 +403,9 @@ func (r *run) truncate(d Decision) {
 // without an event it would learn only from its next refusal that the
 // context is as it was.
 func (r *run) nothingToReduce(d Decision) {
+	// An overflow tries a condense unless condensing is blocked, and a
+	// condense tried says so: blocked is the only way here. Said as it
+	// is, in case that changes.
 	why := "nothing is left to truncate"
 	if r.st.CondenseBlocked {
 		why = "condensing is blocked after a failed summary, and " + why

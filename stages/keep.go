@@ -50,7 +50,29 @@ func MustKeep(msgs []schema.Message, pins map[string]bool, p *schema.Profile) ma
 		return nil
 	}
 	closeExchanges(msgs, keep, visible)
+	closeSummaryPairs(msgs, keep, visible)
 	return keep
+}
+
+// closeSummaryPairs keeps a summary and its acknowledgement together: a
+// pinned acknowledgement without its summary would open the effective
+// history with an assistant message, a pinned summary without its
+// acknowledgement would meet the next user message.
+func closeSummaryPairs(msgs []schema.Message, keep map[string]bool, visible func(*schema.Message) bool) {
+	kept := map[string]bool{} // condense ids of kept summaries and acknowledgements
+	for i := range msgs {
+		if m := &msgs[i]; keep[m.ID] && m.IsSummary && !m.IsMask() && m.CondenseID != "" {
+			kept[m.CondenseID] = true
+		}
+	}
+	if len(kept) == 0 {
+		return
+	}
+	for i := range msgs {
+		if m := &msgs[i]; m.IsSummary && !m.IsMask() && kept[m.CondenseID] && visible(m) {
+			keep[m.ID] = true
+		}
+	}
 }
 
 // agentUser reports whether m is a user turn the agent sent (or a masked

@@ -582,6 +582,20 @@ func TestFreshStartNeedsTwoMessagesSinceSummary(t *testing.T) {
 			t.Errorf("%d after the summary: %v, want %q", tc.after, err, tc.want)
 		}
 	}
+	// With keep_task, a kept instruction after the summary counts toward
+	// Roo's two messages: the instruction and a reply are enough (the
+	// summary and the reply are summarized, the instruction stays). The
+	// instruction alone is condensed_recently. (Review: the count left
+	// kept messages out.)
+	kp := p
+	kp.KeepTask = nil
+	h2 := append(slices.Clone(h), textMsg(6, "now fix the parser"))
+	if _, err := PlanCondense(h2, &kp, "in3"); schema.ReasonOf(err) != schema.ReasonCondensedRecently {
+		t.Errorf("a kept instruction alone after the summary: %v", err)
+	}
+	if _, err := PlanCondense(append(h2, textMsg(7, "on it")), &kp, "in3"); err != nil {
+		t.Errorf("a kept instruction and a reply after the summary: %v", err)
+	}
 	// Through the engine, a manual request gets condense_failed with the
 	// reason. (A reserve for the reply that leaves room: with the default
 	// one, 8,192 tokens, a 1,000-token window is always over its allowed
@@ -738,6 +752,24 @@ func TestPreserveFractionAcknowledgement(t *testing.T) {
 		// keep_tail and fresh_start read the user summary as the last one.
 		if since := sinceLastSummary(h, h); !since[0].IsCondenseSummary() {
 			t.Fatalf("since the last summary: %q", join(since))
+		}
+	})
+	t.Run("again at once, the task kept", func(t *testing.T) {
+		// With keep_task (the default) the task, not the summary, opens
+		// the effective history: summarizing again is still
+		// condensed_recently, not not_enough_messages (review).
+		kp := p
+		kp.KeepTask = nil
+		h := msgs(10)
+		plan, err := PlanCondense(h, &kp, "in")
+		mustNoErr(t, err)
+		h = append(plan.Finish(strings.Repeat("snapshot ", 40), lenCount).History, textMsg(10, "x"))
+		if eff := EffectiveHistory(h); !eff[1].IsCondenseSummary() {
+			t.Fatalf("effective %q: the test wants the task, then the summary", join(eff))
+		}
+		var se *schema.Error
+		if _, err := PlanCondense(h, &kp, "in2"); !errors.As(err, &se) || se.Reason != schema.ReasonCondensedRecently {
+			t.Fatalf("err %v, want condensed_recently; history %q", err, join(EffectiveHistory(h)))
 		}
 	})
 	t.Run("no agent message", func(t *testing.T) {
@@ -954,5 +986,35 @@ func TestRewindListsAndCascadesEveryUndoneReduction(t *testing.T) {
 	rw, ok = PlanRewind(h, evs, 9000, false)
 	if !ok || len(rw.RemovedCondenseIDs) != 2 || !reflect.DeepEqual(rw.History, want) {
 		t.Fatalf("cascade: ok %v, removed %v, history %q", ok, rw.RemovedCondenseIDs, join(rw.History))
+	}
+}
+
+// preserve_fraction's summary and acknowledgement stay together (review):
+// a truncation whose cut falls between them steps back to keep both, and
+// pinning either keeps the other.
+func TestSummaryAndAcknowledgementStayTogether(t *testing.T) {
+	h := msgs(10)
+	sum := schema.Message{Turn: schema.Turn{ID: msgID(100), ConversationID: testConv, TS: 1019, Role: schema.RoleUser,
+		Content: schema.TextContent("snapshot")}, IsSummary: true, CondenseID: "c", Tokens: 8}
+	ack := sum
+	ack.ID, ack.Role, ack.IsSummaryAck, ack.Content = msgID(101), schema.RoleAssistant, true, schema.TextContent("ok")
+	h = slices.Insert(h, 2, sum, ack) // m0 m1 S A m2 … m9
+	// Twelve visible: floor(11 × 0.3) = 3, even 2: the cut would hide m1
+	// and the summary and keep the acknowledgement first.
+	tr, ok := PlanTruncation(h, 0.3, "t", lenCount)
+	if !ok {
+		t.Fatal("nothing truncated")
+	}
+	eff := EffectiveHistory(tr.History)
+	for i, m := range eff {
+		if m.IsSummaryAck && (i == 0 || !eff[i-1].IsCondenseSummary()) {
+			t.Fatalf("the acknowledgement without its summary: %q", join(eff))
+		}
+	}
+	for _, pinned := range []string{sum.ID, ack.ID} {
+		keep := MustKeep(h, map[string]bool{pinned: true}, &schema.Profile{ID: "p", ContextWindow: 1000, KeepTask: boolp(false)})
+		if !keep[sum.ID] || !keep[ack.ID] {
+			t.Fatalf("pinned %s: kept %v", pinned, keep)
+		}
 	}
 }

@@ -117,12 +117,14 @@ func PlanTruncationKeeping(msgs []schema.Message, frac float64, truncID string, 
 	}
 	n -= n % 2
 	// The first message kept must not be a tool result: its call would be
-	// hidden. Step back to the exchange's start; if that reaches the task
-	// (the call is the first message after it), step forward past the
-	// exchange instead, so that a context over its allowed size still
-	// shrinks.
+	// hidden. Nor a summary's acknowledgement: it would answer a summary
+	// that is hidden. Step back to the exchange's (or the pair's) start; if
+	// that reaches the task (the call is the first message after it), step
+	// forward past it instead, so that a context over its allowed size
+	// still shrinks.
 	result := func(k int) bool {
-		return eff[visible[k]].Role != schema.RoleAssistant && eff[visible[k]].Content.HasBlock(schema.BlockToolResult)
+		m := &eff[visible[k]]
+		return m.IsSummaryAck || m.Role != schema.RoleAssistant && m.Content.HasBlock(schema.BlockToolResult)
 	}
 	even := n
 	for n > 0 && result(n+1) {
