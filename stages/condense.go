@@ -291,7 +291,7 @@ func planFreshStart(msgs []schema.Message, id string, keep map[string]bool, mask
 		for i := 0; i < keepFrom; i++ {
 			n += condenseAt(ed, i, id, keep, visible)
 		}
-		ref, ts := &msgs[len(msgs)-1], justAfter(msgs[len(msgs)-1].TS)
+		ref, ts := &msgs[len(msgs)-1], msgs[len(msgs)-1].TS // at the end: the last ts (ts.go)
 		if keepFrom < len(msgs) {
 			ref, ts = &msgs[keepFrom], justBefore(msgs[keepFrom].TS)
 		}
@@ -383,7 +383,7 @@ func planPreserveFraction(msgs []schema.Message, id string, keep map[string]bool
 			}
 			n += condenseAt(ed, i, id, keep, visible)
 		}
-		ref, ts := &msgs[len(msgs)-1], justAfter(msgs[len(msgs)-1].TS)
+		ref, ts := &msgs[len(msgs)-1], msgs[len(msgs)-1].TS // at the end: the last ts (ts.go)
 		if at < len(ed.msgs) {
 			ref, ts = &ed.msgs[at], justBefore(ed.msgs[at].TS)
 		}

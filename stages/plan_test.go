@@ -728,7 +728,7 @@ func TestPreserveFractionAcknowledgement(t *testing.T) {
 		if got := join(eff); got != "S S" || eff[0].Role != schema.RoleUser || !eff[1].IsSummaryAck || eff[1].Role != schema.RoleAssistant {
 			t.Fatalf("effective %q", got)
 		}
-		if eff[1].TS != orig[3].TS+1 || len(c.Changes.Insert) != 2 || c.Changes.Insert[0].Before != "" || c.Changes.Insert[1].Before != "" {
+		if eff[1].TS != orig[3].TS || len(c.Changes.Insert) != 2 || c.Changes.Insert[0].Before != "" || c.Changes.Insert[1].Before != "" {
 			t.Fatalf("ack ts %d, inserts %+v", eff[1].TS, c.Changes.Insert)
 		}
 		evs := []schema.ContextEventRef{{Type: schema.EventCondenseContext, ID: plan.CondenseID, TS: orig[3].TS}}
@@ -950,25 +950,50 @@ func TestRewindRaceAdjustmentKeepsTheCallPending(t *testing.T) {
 
 // A rewind lists every reduction it undoes, and undoes what stood on it
 // (review of this session's changes):
-//   - a fresh_start summary at the end is stamped one past the turn that
-//     caused it; a rewind to that millisecond deletes it, and must say the
-//     condense is undone;
+//   - a reduction whose own summary or marker the cutoff deletes is undone,
+//     and the event must say so, even when its event (stamped behind, by an
+//     agent's overflow say) lies before the cutoff and nothing it hid is
+//     deleted;
 //   - a condense undone by its event alone (stamped ahead by a UI clock),
 //     with no message deleted, takes the later condense that hid its
-//     summary with it.
+//     summary with it;
+//   - a summary at the end shares the ts of the last turn, so a rewind to
+//     the agent's next turn, a millisecond later, leaves the condense be.
 func TestRewindListsAndCascadesEveryUndoneReduction(t *testing.T) {
+	base := msgs(12)
+	tr, ok := PlanTruncation(base, 0.5, "t1", lenCount)
+	if !ok {
+		t.Fatal("nothing truncated")
+	}
+	var markerTS int64
+	for _, m := range tr.History {
+		if m.IsTruncationMarker {
+			markerTS = m.TS
+		}
+	}
+	trEvs := []schema.ContextEventRef{{Type: schema.EventSlidingWindowTruncation, ID: "t1", TS: 1000}}
+	rw, ok := PlanRewind(tr.History, trEvs, markerTS, false)
+	var want []schema.Message // what is older than the marker, untagged
+	for _, m := range base {
+		if m.TS < markerTS {
+			want = append(want, m)
+		}
+	}
+	if !ok || !slices.Equal(rw.RemovedTruncationIDs, []string{"t1"}) || !reflect.DeepEqual(rw.History, want) {
+		t.Fatalf("rewind to the marker's ts: ok %v, removed %v, history %q", ok, rw.RemovedTruncationIDs, join(rw.History))
+	}
+
 	p := schema.Profile{ID: "p", ContextWindow: 1000, Strategy: schema.StrategyFreshStart, KeepTask: boolp(false)}
 	orig := msgs(6)
 	plan, err := PlanCondense(orig, &p, "in")
 	mustNoErr(t, err)
 	c1 := plan.Finish("s1", lenCount)
-	at := orig[5].TS + 1 // the summary's ts
 	evs := []schema.ContextEventRef{{Type: schema.EventCondenseContext, ID: plan.CondenseID, TS: orig[5].TS}}
-	rw, ok := PlanRewind(c1.History, evs, at, false)
-	if !ok || !slices.Equal(rw.RemovedCondenseIDs, []string{plan.CondenseID}) || !reflect.DeepEqual(rw.History, orig) ||
-		rw.MessagesRestored != c1.MessagesCondensed {
-		t.Fatalf("rewind to the summary's ts: ok %v, removed %v, restored %d of %d, history %q",
-			ok, rw.RemovedCondenseIDs, rw.MessagesRestored, c1.MessagesCondensed, join(rw.History))
+	next := append(slices.Clone(c1.History), textMsg(6, "next"))
+	next[len(next)-1].TS = orig[5].TS + 1
+	rw, ok = PlanRewind(next, evs, orig[5].TS+1, false)
+	if !ok || len(rw.RemovedCondenseIDs) != 0 || !reflect.DeepEqual(rw.History, c1.History) {
+		t.Fatalf("rewind to the next turn: ok %v, removed %v, history %q", ok, rw.RemovedCondenseIDs, join(rw.History))
 	}
 
 	// The first condense stamped ahead (9000); a second one hides its
@@ -978,7 +1003,7 @@ func TestRewindListsAndCascadesEveryUndoneReduction(t *testing.T) {
 	for i := 6; i < 10; i++ {
 		h = append(h, textMsg(i, fmt.Sprintf("later %d", i)))
 	}
-	want := slices.Concat(orig, h[len(h)-4:])
+	want = slices.Concat(orig, h[len(h)-4:])
 	plan2, err := PlanCondense(h, &p, "in2")
 	mustNoErr(t, err)
 	h = plan2.Finish("s2", lenCount).History

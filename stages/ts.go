@@ -1,7 +1,5 @@
 package stages
 
-import "math"
-
 // A summary or marker takes a timestamp next to the message it stands
 // beside, so that it sorts there and a rewind to that message's time treats
 // it as that message's neighbour. Inputs may carry any ts from 1 to
@@ -16,10 +14,11 @@ func justBefore(ts int64) int64 {
 	return 1
 }
 
-// justAfter is the timestamp just after ts, never past MaxInt64.
-func justAfter(ts int64) int64 {
-	if ts < math.MaxInt64 {
-		return ts + 1
-	}
-	return ts
-}
+// A summary at the end of the history (fresh_start, or preserve_fraction
+// compressing everything) takes the last message's own ts, not the next
+// millisecond: the agent's next turn may carry that one, and a rewind to
+// that turn would then delete the summary and undo a condense made before
+// the turn (a review found it). Sharing the ts of the turn that caused the
+// condense costs nothing: a rewind to that turn undoes what it caused
+// anyway.
+
