@@ -864,16 +864,8 @@ func TestRewindUndoesACondenseStampedBehind(t *testing.T) {
 // which otherwise hides the older markers in its range (outside campaign:
 // the pin was accepted, then ignored).
 func TestTruncationKeepsAPinnedMarker(t *testing.T) {
-	first, ok := PlanTruncation(msgs(20), 0.5, "t1", lenCount)
-	if !ok {
-		t.Fatal("nothing truncated")
-	}
-	var marker string
-	for _, m := range first.History {
-		if m.IsTruncationMarker {
-			marker = m.ID
-		}
-	}
+	first, m := truncated(t, 20)
+	marker := m.ID
 	tagged := func(tr Truncation) bool {
 		for _, m := range tr.History {
 			if m.ID == marker {
@@ -961,16 +953,8 @@ func TestRewindRaceAdjustmentKeepsTheCallPending(t *testing.T) {
 //     the agent's next turn, a millisecond later, leaves the condense be.
 func TestRewindListsAndCascadesEveryUndoneReduction(t *testing.T) {
 	base := msgs(12)
-	tr, ok := PlanTruncation(base, 0.5, "t1", lenCount)
-	if !ok {
-		t.Fatal("nothing truncated")
-	}
-	var markerTS int64
-	for _, m := range tr.History {
-		if m.IsTruncationMarker {
-			markerTS = m.TS
-		}
-	}
+	tr, m := truncated(t, len(base))
+	markerTS := m.TS
 	trEvs := []schema.ContextEventRef{{Type: schema.EventSlidingWindowTruncation, ID: "t1", TS: 1000}}
 	rw, ok := PlanRewind(tr.History, trEvs, markerTS, false)
 	var want []schema.Message // what is older than the marker, untagged
@@ -1042,4 +1026,21 @@ func TestSummaryAndAcknowledgementStayTogether(t *testing.T) {
 			t.Fatalf("pinned %s: kept %v", pinned, keep)
 		}
 	}
+}
+
+// truncated is msgs(n) truncated by half (truncation id "t1"), with its
+// marker.
+func truncated(t *testing.T, n int) (Truncation, schema.Message) {
+	t.Helper()
+	tr, ok := PlanTruncation(msgs(n), 0.5, "t1", lenCount)
+	if !ok {
+		t.Fatal("nothing truncated")
+	}
+	for _, m := range tr.History {
+		if m.IsTruncationMarker {
+			return tr, m
+		}
+	}
+	t.Fatal("no marker")
+	return tr, schema.Message{}
 }

@@ -21,4 +21,3 @@ func justBefore(ts int64) int64 {
 // the turn (a review found it). Sharing the ts of the turn that caused the
 // condense costs nothing: a rewind to that turn undoes what it caused
 // anyway.
-
