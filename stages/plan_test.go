@@ -1044,3 +1044,32 @@ func truncated(t *testing.T, n int) (Truncation, schema.Message) {
 	t.Fatal("no marker")
 	return tr, schema.Message{}
 }
+
+// The first visible message stays through a truncation; when an earlier
+// reduction left an assistant call there, its results stay too (review:
+// with skewed clocks and pins the call was left unanswered).
+func TestTruncationKeepsTheFirstCallsResults(t *testing.T) {
+	var h []schema.Message
+	for _, tr := range []schema.Turn{callTurn(1, 5, "X"), resultTurn(2, "X")} {
+		h = append(h, schema.Message{Turn: tr, Tokens: 5})
+	}
+	for i := 3; i < 12; i++ {
+		h = append(h, textMsg(i, fmt.Sprintf("message %d", i)))
+	}
+	tr, ok := PlanTruncation(h, 0.5, "t", lenCount)
+	if !ok {
+		t.Fatal("nothing truncated")
+	}
+	eff := EffectiveHistory(tr.History)
+	answered := map[string]bool{}
+	for _, m := range eff {
+		for _, b := range m.Content.Blocks {
+			if b.Type == schema.BlockToolResult {
+				answered[b.ToolUseID] = true
+			}
+		}
+	}
+	if eff[0].ID != h[0].ID || !answered["X"] {
+		t.Fatalf("the first message's call is left without its result: %q", join(eff))
+	}
+}

@@ -140,9 +140,26 @@ func PlanTruncationKeeping(msgs []schema.Message, frac float64, truncID string, 
 	if n <= 0 {
 		return Truncation{}, false
 	}
+	// The first visible message always stays. When it is an assistant
+	// turn (an earlier reduction hid the task), the results of its calls
+	// stay with it: hidden, they would leave its calls unanswered.
+	firstCalls := map[string]bool{}
+	for _, b := range eff[visible[0]].Content.Blocks {
+		if b.Type == schema.BlockToolUse {
+			firstCalls[b.ID] = true
+		}
+	}
+	answersFirst := func(m *schema.Message) bool {
+		for _, b := range m.Content.Blocks {
+			if b.Type == schema.BlockToolResult && firstCalls[b.ToolUseID] {
+				return true
+			}
+		}
+		return false
+	}
 	hide := make(map[string]bool, n)
 	for _, i := range visible[1 : n+1] {
-		if !keep[eff[i].ID] {
+		if !keep[eff[i].ID] && !answersFirst(&eff[i]) {
 			hide[eff[i].ID] = true
 		}
 	}
