@@ -791,3 +791,36 @@ func TestRepliesTooLargeForOneMessage(t *testing.T) {
 		t.Fatalf("full history: %d messages, total %d", len(h.Messages), h.Total)
 	}
 }
+
+// Pin pins and unpins a stored message (the state records the verdict; a
+// pin emits no event), and a message the conversation does not hold is
+// rejected unknown_target.
+func TestPin(t *testing.T) {
+	c, _, _ := newClient(t)
+	ctx := t.Context()
+	const conv = "pins"
+	last := appendTurns(ctx, c, conv, 2)
+	if err := c.Wait(ctx, conv, last); err != nil {
+		t.Fatal(err)
+	}
+	for _, pinned := range []bool{true, false} {
+		id, err := c.Pin(ctx, conv, last, pinned)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Wait(ctx, conv, id); err != nil {
+			t.Fatalf("pin %v: %v", pinned, err)
+		}
+	}
+	id, err := c.Pin(ctx, conv, uuid.NewString(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rej *client.RejectedError
+	if err := c.Wait(ctx, conv, id); !errors.As(err, &rej) || rej.Reason != schema.ReasonUnknownTarget {
+		t.Fatalf("pin of a message the conversation does not hold: %v", err)
+	}
+	if _, err := c.Pin(ctx, conv, "", true); !errors.Is(err, client.ErrRejected) {
+		t.Fatalf("pin without a message id: %v", err)
+	}
+}

@@ -303,6 +303,41 @@ func ExampleClient_Condense() {
 	// Output: 5 true
 }
 
+func ExampleClient_Pin() {
+	c, stop := connect()
+	defer stop()
+	ctx := context.Background()
+	appendTurns(ctx, c, "task-42", 8)
+	full, err := c.History(ctx, "task-42", client.View(schema.ViewFull))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// The assistant's first answer must reach the model verbatim.
+	keep := full.Messages[1].ID
+	id, err := c.Pin(ctx, "task-42", keep, true)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Wait(ctx, "task-42", id); err != nil {
+		log.Fatal(err)
+	}
+	id, err = c.Condense(ctx, "task-42", "")
+	if err != nil {
+		log.Fatal(err)
+	}
+	h, err := c.History(ctx, "task-42", client.WaitFor(id))
+	if err != nil {
+		log.Fatal(err)
+	}
+	kept, summarized := false, false
+	for _, m := range h.Messages {
+		kept = kept || m.ID == keep
+		summarized = summarized || m.IsSummary
+	}
+	fmt.Println("summarized:", summarized, "pinned answer kept:", kept)
+	// Output: summarized: true pinned answer kept: true
+}
+
 func ExampleClient_Overflow() {
 	c, stop := connect()
 	defer stop()

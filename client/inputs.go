@@ -73,6 +73,18 @@ func (c *Client) Rewind(ctx context.Context, conv string, ts int64, includeTarge
 	return c.control(ctx, conv, schema.Input{Kind: schema.KindRewind, TS: ts, IncludeTarget: includeTarget})
 }
 
+// Pin pins (pinned true) or unpins the stored message messageID of conv
+// (its id, from the full history): a pinned message stays verbatim in the
+// effective history through every reduction. A pin emits no event; Wait for
+// the returned input id to learn it applied (a rejection, unknown_target,
+// names no stored message of conv).
+func (c *Client) Pin(ctx context.Context, conv, messageID string, pinned bool) (string, error) {
+	if messageID == "" {
+		return "", &RejectedError{ConversationID: conv, Reason: schema.ReasonUnknownTarget, Message: "a message id is required"}
+	}
+	return c.control(ctx, conv, schema.Input{Kind: schema.KindPin, MessageID: messageID, Pinned: pinned})
+}
+
 func (c *Client) control(ctx context.Context, conv string, in schema.Input) (string, error) {
 	in.ID, in.ConversationID = uuid.NewString(), conv
 	if in.TS == 0 {
