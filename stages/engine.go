@@ -398,14 +398,13 @@ func (r *run) truncate(d Decision) {
 }
 
 // nothingToReduce answers an overflow that changed nothing and said
-// nothing: condensing is blocked (a failed condense announces itself), and
-// nothing is left to truncate. The agent reported a request the provider refused;
-// without an event it would learn only from its next refusal that the
-// context is as it was.
+// nothing: condensing is blocked (a condense that is tried announces
+// itself), and nothing is left to truncate. Without an event the agent,
+// whose request the provider refused, would learn only from its next
+// refusal that the context is as it was.
 func (r *run) nothingToReduce(d Decision) {
-	// An overflow tries a condense unless condensing is blocked, and a
-	// condense tried says so: blocked is the only way here. Said as it
-	// is, in case that changes.
+	// Only a blocked condense leads here today; the message does not
+	// assume it.
 	why := "nothing is left to truncate"
 	if r.st.CondenseBlocked {
 		why = "condensing is blocked after a failed summary, and " + why
