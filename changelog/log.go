@@ -32,6 +32,12 @@ const (
 // The writer's view of the partition is stale; it must catch up and retry.
 var ErrFenced = errors.New("changelog: the partition moved on (another writer appended first)")
 
+// ErrLost means the partition's subject holds less than the writer has
+// applied already: records are gone from CTX_STATE (purged, or the stream
+// was recreated). No writer can append after them; an operator must
+// restore the stream (operations.md 4.2).
+var ErrLost = errors.New("changelog: records this store applied are gone from CTX_STATE (purged or recreated?)")
+
 // Log appends to CTX_STATE.
 type Log struct {
 	JS jetstream.JetStream
@@ -87,6 +93,9 @@ func (l *Log) Append(ctx context.Context, p int, after uint64, data []byte) (uin
 			seq, mine := l.landed(lctx, subject, after, id)
 			cancel()
 			if !mine {
+				if l.lost(ctx, subject, after) {
+					return 0, fmt.Errorf("append to %s after %d: %w", subject, after, ErrLost)
+				}
 				return 0, fmt.Errorf("append to %s after %d: %w", subject, after, ErrFenced)
 			}
 			after = seq
@@ -95,6 +104,28 @@ func (l *Log) Append(ctx context.Context, p int, after uint64, data []byte) (uin
 		after = ack.Sequence
 	}
 	return after, nil
+}
+
+// lost tells whether subject's last message is older than sequence after,
+// which the writer expected to find: the records up to it are gone.
+func (l *Log) lost(ctx context.Context, subject string, after uint64) bool {
+	if after == 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(l.PublishTimeout, 5*time.Second))
+	defer cancel()
+	s, err := l.JS.Stream(ctx, bus.StreamState)
+	if err != nil {
+		return false
+	}
+	m, err := s.GetLastMsgForSubject(ctx, subject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return true
+	case err != nil:
+		return false
+	}
+	return m.Sequence < after
 }
 
 // landed tells whether the message of subject right after sequence after

@@ -527,6 +527,12 @@ func (r *Runner) finish(rd *round, commits *chan *commitReq) (next *round) {
 		switch {
 		case rd.errs[i] != nil:
 			err := rd.errs[i]
+			if errors.Is(err, changelog.ErrLost) {
+				if r.logLost.Swap(time.Now().UnixNano()) == 0 {
+					r.Log.Error("the changelog lost records this store applied; nothing can be committed until CTX_STATE is restored", "partition", b.partition, "err", err)
+				}
+				r.Metrics.Inc("ctxpipe_changelog_lost_total", "")
+			}
 			if errors.Is(err, changelog.ErrFenced) {
 				r.Metrics.Inc("ctxpipe_changelog_fenced_total", "")
 				err = errBehind

@@ -482,3 +482,37 @@ func TestInputIDsIgnoreCase(t *testing.T) {
 		t.Fatalf("pin by the upper-case message id: %v", qe)
 	}
 }
+
+// A purged changelog is not retried in silence (outside campaign: every
+// instance stayed ready while nothing could commit any more): the append
+// finds the records this store applied gone, /readyz says so, a metric
+// counts it, and the input waits in CTX_IN.
+func TestPurgedChangelogIsNotReady(t *testing.T) {
+	h := start(t)
+	first := h.turn("purged", schema.RoleUser, 10)
+	h.history("purged", schema.ViewFull, first.ID)
+	ctx := context.Background()
+	s, err := h.js.Stream(ctx, bus.StreamState)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.turn("purged", schema.RoleAssistant, 10)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ok, why := h.runner.Ready()
+		if !ok && strings.Contains(why, "changelog lost") {
+			t.Logf("not ready after %v: %s", 20*time.Second-time.Until(deadline), why)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still ready (%v: %s) with the changelog purged", ok, why)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := h.metrics.Value("ctxpipe_changelog_lost_total", ""); n < 1 {
+		t.Fatalf("lost appends counted %v", n)
+	}
+}

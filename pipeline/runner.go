@@ -41,6 +41,10 @@ type Runner struct {
 	Deps
 	waiters *waiters
 	health  health
+	// logLost is when an append last found records this store applied gone
+	// from CTX_STATE (UnixNano; 0: never): nothing can be committed until an
+	// operator restores the stream, and /readyz says so.
+	logLost atomic.Int64
 	// maxReply is the connection's max payload: a query reply must fit.
 	maxReply int
 
@@ -124,6 +128,7 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	r.Metrics.Help("ctxpipe_retries_total", "Worker retries of transient failures.")
 	r.Metrics.Help("ctxpipe_commits_total", "SQLite transactions committed.")
 	r.Metrics.Help("ctxpipe_consumer_rebuilds_total", "Times the runner rebuilt a partition's consumer after a fetch failure.")
+	r.Metrics.Help("ctxpipe_changelog_lost_total", "Appends refused because records this store applied are gone from CTX_STATE (purged or recreated): nothing commits until it is restored, and /readyz says so.")
 	r.Metrics.Help("ctxpipe_changelog_fenced_total", "Batches prepared again because another writer appended to the partition first (the append was refused, or its record was applied while they were prepared).")
 	r.Metrics.Help("ctxpipe_changelog_applied_total", "Changelog records of other writers (or of this instance before a crash) applied to this instance's SQLite.")
 	r.Metrics.Help("ctxpipe_changelog_changes_total", "Inputs' changes applied from those records (not counted in ctxpipe_inputs_total).")
@@ -222,7 +227,13 @@ func (r *Runner) Run(ctx context.Context) error {
 
 // Ready tells whether the runner is consuming: its consumer exists and it
 // heard from it recently. It is what /readyz reports.
-func (r *Runner) Ready() (bool, string) { return r.health.ready(time.Now(), 3*r.cfg.ProbeInterval) }
+func (r *Runner) Ready() (bool, string) {
+	now := time.Now()
+	if t := r.logLost.Load(); t != 0 && now.Sub(time.Unix(0, t)) < 3*r.cfg.ProbeInterval {
+		return false, "the changelog lost records this store applied (CTX_STATE purged or recreated?): nothing can be committed until it is restored (operations.md 4.2)"
+	}
+	return r.health.ready(now, 3*r.cfg.ProbeInterval)
+}
 
 // hold registers a fetched input. The scheduler never blocks the
 // dispatcher, so this is where memory is bounded: past MaxHeldBytes the
