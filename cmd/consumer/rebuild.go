@@ -34,7 +34,14 @@ func (m *Main) RebuildDB(ctx context.Context, out io.Writer) error {
 	if err := os.MkdirAll(m.Config.DataDir, 0o755); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
+	// "The instance must be stopped": the data dir's lock says whether it is.
+	unlock, err := lockDataDir(m.Config.DataDir)
+	if err != nil {
+		return err
+	}
+	m.unlockDir = unlock
 	if err := m.connect(ctx); err != nil {
+		m.Close()
 		return err
 	}
 	defer m.Close()

@@ -110,6 +110,8 @@ type Main struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	// unlockDir releases the data dir (lockDataDir).
+	unlockDir func()
 }
 
 // NewMain returns a Main with the default configuration.
@@ -208,6 +210,11 @@ func (m *Main) Run(ctx context.Context) error {
 	if err := os.MkdirAll(c.DataDir, 0o755); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
+	unlock, err := lockDataDir(c.DataDir)
+	if err != nil {
+		return err
+	}
+	m.unlockDir = unlock
 	if err := m.connect(ctx); err != nil {
 		return err
 	}
@@ -541,6 +548,9 @@ func (m *Main) close() error {
 	if m.ns != nil {
 		m.ns.Shutdown()
 		m.ns.WaitForShutdown()
+	}
+	if m.unlockDir != nil {
+		m.unlockDir()
 	}
 	var out []error
 	for _, e := range errs {
