@@ -58,7 +58,7 @@ func runPublish(ctx context.Context, c *cli, args []string) error {
 	}
 	defer nc.Close()
 	p := &publisher{js: js, rate: *rate, progress: newProgress(c.stderr, "published", len(turns)),
-		denied: c.denied, deniedErr: c.permission}
+		denied: c.denied, deniedErr: c.permission, inOrder: true}
 	next := sliceSource(turns)
 	st, err := p.run(ctx, next)
 	fmt.Fprintln(c.stderr, st.summary())
@@ -147,11 +147,21 @@ type publisher struct {
 	// deniedErr then says why.
 	denied    <-chan struct{}
 	deniedErr func() error
+	// inOrder sends a conversation's next turn only once the previous one
+	// is acked (or failed for good), so that a retried publish cannot land
+	// after its successors: CTX_IN order is the conversation's order.
+	// Without it (load, a throughput tool) turns are pipelined, and a turn
+	// retried after later turns of its conversation were sent is counted
+	// as Reordered, and fails the run.
+	inOrder bool
 }
 
 // pubStats is what a run measured.
 type pubStats struct {
 	Turns, Bytes, Duplicates, Failed int
+	// Reordered counts turns retried after later turns of their
+	// conversation had been sent: CTX_IN may hold them out of order.
+	Reordered int
 	Elapsed                          time.Duration
 	Latencies                        []time.Duration // send → ack, per turn
 }
@@ -167,6 +177,9 @@ func (s pubStats) summary() string {
 	if s.Failed > 0 {
 		line += fmt.Sprintf(", %d FAILED", s.Failed)
 	}
+	if s.Reordered > 0 {
+		line += fmt.Sprintf(", %d RETRIED AFTER LATER TURNS OF THEIR CONVERSATION", s.Reordered)
+	}
 	return line
 }
 
@@ -176,6 +189,11 @@ type inflight struct {
 	data []byte
 	sent time.Time
 	fut  jetstream.PubAckFuture
+	// done is closed once the turn is acked, or failed for good after its
+	// retries (inOrder: the conversation's next turn is sent only then).
+	done chan struct{}
+	// nth is the turn's place among its conversation's turns sent.
+	nth int
 }
 
 func (p *publisher) run(ctx context.Context, next source) (pubStats, error) {
@@ -183,6 +201,7 @@ func (p *publisher) run(ctx context.Context, next source) (pubStats, error) {
 		st   pubStats
 		mu   sync.Mutex
 		errs []error
+		sent = map[string]int{} // turns sent per conversation (under mu)
 	)
 	start := time.Now()
 	queue := make(chan inflight, window)
@@ -190,7 +209,17 @@ func (p *publisher) run(ctx context.Context, next source) (pubStats, error) {
 	go func() { // collector: acks arrive (nearly) in publish order
 		defer close(done)
 		for f := range queue {
-			ack, err := p.await(ctx, f)
+			ack, retried, err := p.await(ctx, f)
+			if retried {
+				// Checked before done is closed: with inOrder, the next
+				// turn is sent only after.
+				mu.Lock()
+				if sent[f.turn.ConversationID] > f.nth+1 {
+					st.Reordered++
+				}
+				mu.Unlock()
+			}
+			close(f.done)
 			mu.Lock()
 			st.Latencies = append(st.Latencies, time.Since(f.sent))
 			if err != nil {
@@ -214,6 +243,12 @@ func (p *publisher) run(ctx context.Context, next source) (pubStats, error) {
 	}()
 
 	var sendErr error
+	// A failed async publish is retried (await); had the conversation's
+	// next turns been sent meanwhile, they would be stored before it, and a
+	// tool_result stored before its call is rejected (outside campaign: a
+	// broker restart under load did that, silently). inOrder keeps one
+	// turn per conversation in flight; conversations still go in parallel.
+	last := map[string]chan struct{}{}
 	for i := 0; ; i++ {
 		t, ok := next()
 		if !ok {
@@ -245,6 +280,16 @@ func (p *publisher) run(ctx context.Context, next source) (pubStats, error) {
 			sendErr = fmt.Errorf("encode turn %s: %w", t.ID, err)
 			break
 		}
+		if prev := last[t.ConversationID]; prev != nil && p.inOrder {
+			select {
+			case <-prev:
+			case <-ctx.Done():
+				sendErr = ctx.Err()
+			}
+			if sendErr != nil {
+				break
+			}
+		}
 		subj := schema.InputSubject(t.ConversationID, schema.KindTurn)
 		fut, err := p.js.PublishAsync(subj, data, jetstream.WithMsgID(t.ID),
 			jetstream.WithExpectStream(bus.StreamIn), jetstream.WithStallWait(30*time.Second))
@@ -252,7 +297,12 @@ func (p *publisher) run(ctx context.Context, next source) (pubStats, error) {
 			sendErr = fmt.Errorf("publish %s: %w", subj, err)
 			break
 		}
-		queue <- inflight{turn: t, subj: subj, data: data, sent: time.Now(), fut: fut}
+		mu.Lock()
+		f := inflight{turn: t, subj: subj, data: data, sent: time.Now(), fut: fut, done: make(chan struct{}), nth: sent[t.ConversationID]}
+		sent[t.ConversationID]++
+		mu.Unlock()
+		last[t.ConversationID] = f.done
+		queue <- f
 	}
 	close(queue)
 	<-done
@@ -264,23 +314,32 @@ func (p *publisher) run(ctx context.Context, next source) (pubStats, error) {
 	if len(errs) > 0 {
 		return st, fmt.Errorf("%d turns not acked: %w", st.Failed, errors.Join(errs...))
 	}
+	if st.Reordered > 0 {
+		return st, fmt.Errorf("%d turns were stored only after later turns of their conversation (their first publish failed): those conversations may be out of order in CTX_IN", st.Reordered)
+	}
 	return st, nil
 }
 
-// await waits for one ack. A failed async publish is retried synchronously:
-// the Nats-Msg-Id makes a retry safe (JetStream reports it as a duplicate if
-// the first copy was stored after all).
-func (p *publisher) await(ctx context.Context, f inflight) (*jetstream.PubAck, error) {
-	var err error
+// await waits for one ack. A failed async publish is retried synchronously
+// (retried): the Nats-Msg-Id makes a retry safe (JetStream reports it as a
+// duplicate if the first copy was stored after all).
+func (p *publisher) await(ctx context.Context, f inflight) (ack *jetstream.PubAck, retried bool, err error) {
 	select {
 	case ack := <-f.fut.Ok():
-		return ack, nil
+		return ack, false, nil
 	case err = <-f.fut.Err():
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, false, ctx.Err()
 	case <-p.denied:
-		return nil, fmt.Errorf("publish %s: %w", f.subj, p.deniedErr())
+		return nil, false, fmt.Errorf("publish %s: %w", f.subj, p.deniedErr())
 	}
+	ack, err = p.retry(ctx, f, err)
+	return ack, true, err
+}
+
+// retry publishes f again, synchronously, after its async publish failed
+// with err.
+func (p *publisher) retry(ctx context.Context, f inflight, err error) (*jetstream.PubAck, error) {
 	for attempt := 0; attempt < 3 && ctx.Err() == nil; attempt++ {
 		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) {
 			return nil, fmt.Errorf("publish %s: no stream stores %s (is ctxpipe running, or CTX_IN created?): %w", f.turn.ID, f.subj, err)
