@@ -162,8 +162,8 @@ type pubStats struct {
 	// Reordered counts turns retried after later turns of their
 	// conversation had been sent: CTX_IN may hold them out of order.
 	Reordered int
-	Elapsed                          time.Duration
-	Latencies                        []time.Duration // send → ack, per turn
+	Elapsed   time.Duration
+	Latencies []time.Duration // send → ack, per turn
 }
 
 func (s pubStats) summary() string {
