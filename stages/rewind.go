@@ -136,20 +136,19 @@ func rewindDrops(m *schema.Message, keepTS func(int64) bool, removedC, removedT,
 }
 
 // undoCovering adds to the reductions a rewind undoes every one that hides a
-// message the rewind deletes, until none is left: a summary must not stand
-// in for messages that are gone (it would tell the model of turns the
-// rewind took back), nor a marker or stand-in. Events order reductions by
-// the ts of the inputs that caused them, and nothing makes clocks agree: a
-// manual condense stamped by the UI behind the agents' latest turns, or a
-// turn stamped ahead of its neighbours, puts a summarized message after a
-// cutoff that the event lies before. (When the summary's own ts falls after
-// the cutoff too, it was deleted anyway; the condense is now also reported
-// as undone.) A reduction whose own summary, marker or stand-in the cutoff
-// deletes is undone too, and reported. Undoing a reduction deletes its
-// summary, which may be hidden by a later one in turn: this runs even when
-// the cutoff deletes no message, for a condense undone by its event alone.
+// message the rewind deletes, and every one whose own summary, marker or
+// stand-in it deletes, until none is left: a summary must not stand in for
+// messages that are gone (it would tell the model of turns the rewind took
+// back), nor a marker or stand-in, and an undone reduction is reported.
+// Events order reductions by the ts of the inputs that caused them, and
+// nothing makes clocks agree: a manual condense stamped by the UI behind the
+// agents' latest turns, or a turn stamped ahead of its neighbours, puts a
+// summarized message after a cutoff that the event lies before. Undoing a
+// reduction deletes its summary, which may be hidden by a later one in
+// turn: this runs even when the cutoff deletes no message by its ts, for a
+// condense undone by its event alone.
 func undoCovering(msgs []schema.Message, keepTS func(int64) bool, removedC, removedT, removedM map[string]bool) {
-	// Which reduction each parent tag names.
+	// Which reduction each id names.
 	byCondense, byTruncation := map[string]map[string]bool{}, map[string]map[string]bool{}
 	for i := range msgs {
 		m := &msgs[i]
@@ -162,42 +161,26 @@ func undoCovering(msgs []schema.Message, keepTS func(int64) bool, removedC, remo
 			byTruncation[m.TruncationID] = removedT
 		}
 	}
-	undo := func(undone map[string]bool, id string) bool {
-		if undone == nil || undone[id] {
-			return false
-		}
-		undone[id] = true
-		return true
-	}
-	// A summary, marker or stand-in the cutoff deletes by its ts is its
-	// reduction undone: say so. (A summary at the end of the history is
-	// stamped one past the turn that caused its condense, so a rewind to
-	// a turn stamped that same millisecond deletes it.)
-	for i := range msgs {
-		m := &msgs[i]
-		if keepTS(m.TS) {
-			continue
-		}
-		switch {
-		case m.IsSummary && m.CondenseID != "":
-			undo(byCondense[m.CondenseID], m.CondenseID)
-		case m.IsTruncationMarker && m.TruncationID != "":
-			undo(byTruncation[m.TruncationID], m.TruncationID)
-		}
-	}
 	for more := true; more; {
 		more = false
+		undo := func(undone map[string]bool, id string) {
+			if id != "" && undone != nil && !undone[id] {
+				undone[id], more = true, true
+			}
+		}
 		for i := range msgs {
 			m := &msgs[i]
 			if !rewindDrops(m, keepTS, removedC, removedT, removedM) {
 				continue
 			}
-			if m.CondenseParent != "" && undo(byCondense[m.CondenseParent], m.CondenseParent) {
-				more = true
+			if m.IsSummary {
+				undo(byCondense[m.CondenseID], m.CondenseID) // its own reduction
 			}
-			if m.TruncationParent != "" && undo(byTruncation[m.TruncationParent], m.TruncationParent) {
-				more = true
+			if m.IsTruncationMarker {
+				undo(byTruncation[m.TruncationID], m.TruncationID)
 			}
+			undo(byCondense[m.CondenseParent], m.CondenseParent) // the one hiding it
+			undo(byTruncation[m.TruncationParent], m.TruncationParent)
 		}
 	}
 }
