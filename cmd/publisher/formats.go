@@ -440,7 +440,13 @@ var preparedIDs = uuid.MustParse("6f1c2b0e-3d7a-4e58-9c41-2a8b5d0f7e93")
 
 // PrepareOptions says how Prepare stamps a transcript's turns.
 type PrepareOptions struct {
-	Conv         string
+	Conv string
+	// Publisher names who publishes (the NATS user, or the credentials'
+	// file): derived ids depend on it too. Input ids are global, so two
+	// tenants publishing one file to conversations of the same name must
+	// not derive the same ids (the second's turns would be refused as
+	// reused ids).
+	Publisher    string
 	Profile      string // overrides each turn's profile_id when set
 	SystemPrompt string // overrides the transcript's system prompt when set
 	// Now is the clock for turns without a timestamp (Unix ms).
@@ -449,8 +455,8 @@ type PrepareOptions struct {
 
 // Prepare readies a transcript's turns for ctx.in.<conv>.turn: each keeps
 // its id only when it has a valid one and already belongs to the
-// conversation, otherwise it gets one derived from the conversation, its
-// place in the file and its id there (publishing the same file to another
+// conversation, otherwise it gets one derived from the publisher, the
+// conversation, its place in the file and its id there (publishing the same file to another
 // conversation must not be dropped as a duplicate, and publishing it to the
 // same one again must not store it twice: re-publishing is idempotent
 // either way); timestamps strictly increase; the system prompt is set on
@@ -471,7 +477,7 @@ func Prepare(tr Transcript, o PrepareOptions) ([]schema.Turn, error) {
 	seen := make(map[string]bool, len(tr.Turns))
 	for i, t := range tr.Turns {
 		if _, err := uuid.Parse(t.ID); err != nil || len(t.ID) != 36 || t.ConversationID != o.Conv || seen[t.ID] {
-			t.ID = uuid.NewSHA1(preparedIDs, []byte(o.Conv+"\x00"+strconv.Itoa(i)+"\x00"+t.ID)).String()
+			t.ID = uuid.NewSHA1(preparedIDs, []byte(o.Publisher+"\x00"+o.Conv+"\x00"+strconv.Itoa(i)+"\x00"+t.ID)).String()
 		}
 		seen[t.ID] = true
 		t.ConversationID = o.Conv

@@ -212,6 +212,17 @@ func TestPrepare(t *testing.T) {
 			t.Errorf("turn %d: ids %s, then %s; %s in another conversation", i, a[i].ID, b[i].ID, c[i].ID)
 		}
 	}
+	// Another tenant's user publishing the same file to a conversation of
+	// the same name derives other ids: input ids are global.
+	d, err := Prepare(tr, PrepareOptions{Conv: "c2", Now: 1_000_000, Publisher: "globex-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range a {
+		if a[i].ID == d[i].ID {
+			t.Errorf("turn %d: the same id %s for two publishers", i, a[i].ID)
+		}
+	}
 	if _, err := Prepare(tr, PrepareOptions{Conv: "a.b"}); err == nil {
 		t.Error("subject-unsafe conversation accepted")
 	}

@@ -47,7 +47,8 @@ func runPublish(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	turns, err := loadTranscript(pos[0], f, *systemFile, PrepareOptions{Conv: *conv, Profile: *profile, Now: time.Now().UnixMilli()})
+	turns, err := loadTranscript(pos[0], f, *systemFile, PrepareOptions{Conv: *conv, Profile: *profile, Now: time.Now().UnixMilli(),
+		Publisher: c.conn.User + "\x00" + c.conn.CredsFile + "\x00" + c.conn.NKeyFile})
 	if err != nil {
 		return err
 	}
