@@ -19,7 +19,8 @@ import (
 // campaign). The file holds the holder's pid, for the message.
 func lockDataDir(dir string) (release func(), err error) {
 	path := filepath.Join(dir, "LOCK")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	// Not through a symbolic link: the pid is written into the file.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("lock the data dir: %w", err)
 	}

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -73,4 +75,29 @@ func TestSecondInstanceIsRefused(t *testing.T) {
 	if _, err := run("one", t.TempDir()); err != nil {
 		t.Fatalf("after the first stopped: %v", err)
 	}
+}
+
+// The data dir's lock file is never followed through a symbolic link: the
+// service writes its pid into it, and a link could point at any file.
+func TestDataDirLockRefusesALink(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(t.TempDir(), "precious")
+	if err := os.WriteFile(target, []byte("keep me"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(dir, "LOCK")); err != nil {
+		t.Fatal(err)
+	}
+	if release, err := lockDataDir(dir); err == nil {
+		release()
+		t.Fatal("a LOCK that is a link was taken")
+	}
+	if b, _ := os.ReadFile(target); string(b) != "keep me" {
+		t.Fatalf("the link's target was written: %q", b)
+	}
+	release, err := lockDataDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
 }
