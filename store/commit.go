@@ -405,6 +405,7 @@ func (t *Tx) Commit(positions map[int]uint64, cursor uint64) error {
 	if err != nil {
 		return err
 	}
+	t.s.ckpt.committed()
 	// The next batch of these conversations reads these messages back at
 	// once: keep them decoded rather than decode the bodies just encoded.
 	for g := range t.enc {

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -47,6 +48,11 @@ type Store struct {
 	flusher *flusher
 	// recent answers incremental history reads from memory (recent.go).
 	recent *recent
+	// ckpt copies the WAL back into the file beside the commits
+	// (checkpoint.go); nil during a bulk load.
+	ckpt *checkpointer
+	busy string
+	log  *slog.Logger
 }
 
 type config struct {
@@ -55,6 +61,7 @@ type config struct {
 	now         func() time.Time
 	cacheBytes  int
 	bulk        bool
+	log         *slog.Logger
 }
 
 // Option changes how Open sets up a Store.
@@ -90,6 +97,10 @@ func WithMessageCache(bytes int) Option { return func(c *config) { c.cacheBytes 
 // the writer's transactions instead of reading beside them.
 func WithBulkLoad() Option { return func(c *config) { c.bulk = true } }
 
+// WithLogger sets where the store reports what it does in the background
+// (default: nowhere).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
+
 // WithClock sets the clock used for received_at, updated_at and published_at
 // (default time.Now).
 func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
@@ -100,6 +111,9 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	cfg := config{busyTimeout: 5 * time.Second, readers: 4, now: time.Now, cacheBytes: DefaultMessageCacheBytes}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if cfg.log == nil {
+		cfg.log = slog.New(slog.DiscardHandler)
 	}
 	if path == "" {
 		return nil, errors.New("open store: empty path")
@@ -129,7 +143,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
-	s := &Store{path: abs, w: w, now: cfg.now}
+	s := &Store{path: abs, w: w, now: cfg.now, busy: busy, log: cfg.log}
 	if cfg.cacheBytes > 0 {
 		s.cache = newMessageCache(cfg.cacheBytes)
 		// A quarter of the message cache's bytes: the bodies of the
@@ -171,7 +185,31 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("open store %s: read pool: %w", abs, err)
 	}
 	s.r = r
+	if !cfg.bulk {
+		if err := s.startCheckpointer(ctx); err != nil {
+			w.Close()
+			r.Close()
+			return nil, err
+		}
+	}
 	return s, nil
+}
+
+// startCheckpointer moves the WAL's checkpoints off the commit path
+// (checkpoint.go): the writer keeps its own only as a backstop.
+func (s *Store) startCheckpointer(ctx context.Context) error {
+	if _, err := s.w.ExecContext(ctx, fmt.Sprintf("PRAGMA wal_autocheckpoint=%d", backstopPages)); err != nil {
+		return fmt.Errorf("open store %s: %w", s.path, err)
+	}
+	if _, err := s.w.ExecContext(ctx, fmt.Sprintf("PRAGMA journal_size_limit=%d", walSizeLimit)); err != nil {
+		return fmt.Errorf("open store %s: %w", s.path, err)
+	}
+	c, err := startCheckpointer(ctx, s.path, s.busy, s.log)
+	if err != nil {
+		return fmt.Errorf("open store %s: checkpointer: %w", s.path, err)
+	}
+	s.ckpt = c
+	return nil
 }
 
 // dsn builds a file: URI; the characters that URIs give a meaning to are
@@ -299,6 +337,9 @@ func (s *Store) EndBulkLoad(ctx context.Context) error {
 			return fmt.Errorf("end bulk load of %s: %w", s.path, err)
 		}
 	}
+	if err := s.startCheckpointer(ctx); err != nil {
+		return fmt.Errorf("end bulk load: %w", err)
+	}
 	s.bulk.Store(false)
 	return nil
 }
@@ -333,6 +374,7 @@ func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	errs = append(errs, s.ckpt.close())
 	if s.r != nil {
 		errs = append(errs, s.r.Close())
 	}

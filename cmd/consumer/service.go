@@ -265,7 +265,7 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	dbPath := filepath.Join(c.DataDir, "ctxpipe.db")
-	if m.store, err = store.Open(ctx, dbPath); err != nil {
+	if m.store, err = store.Open(ctx, dbPath, store.WithLogger(log.With("component", "store"))); err != nil {
 		return err
 	}
 	m.metrics = pipeline.NewMetrics()
