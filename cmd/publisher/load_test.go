@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"reflect"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/ctxpipe/ctxpipe/client/clienttest"
@@ -37,5 +39,35 @@ func TestLoadAgents(t *testing.T) {
 	full := perRead("--full-reads", "--seed", "6")
 	if inc*2 >= full {
 		t.Fatalf("incremental reads average %d bytes, full reads %d", inc, full)
+	}
+}
+
+// Generating the turns before the clock starts sends exactly what generating
+// them on the way sends, in the same order.
+func TestPregeneratedLoadIsTheSameLoad(t *testing.T) {
+	const seed, convs, turns = 42, 7, 9
+	var note bytes.Buffer
+	pre := newWorkload(seed, convs, turns, SizeRealistic, "p", 1_700_000_000_000).source(&note, 0)
+	live := newWorkload(seed, convs, turns, SizeRealistic, "p", 1_700_000_000_000).source(&note, 5)
+	if !strings.Contains(note.String(), "63 turns generated") {
+		t.Fatalf("the load did not say it generated its turns first: %q", note.String())
+	}
+	n := 0
+	for {
+		a, okA := pre()
+		b, okB := live()
+		if okA != okB {
+			t.Fatalf("turn %d: one source ended before the other", n)
+		}
+		if !okA {
+			break
+		}
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("turn %d differs:\n%+v\n%+v", n, a, b)
+		}
+		n++
+	}
+	if n != convs*turns {
+		t.Fatalf("%d turns, want %d", n, convs*turns)
 	}
 }
