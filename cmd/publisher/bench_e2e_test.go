@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -23,14 +25,19 @@ import (
 //
 //   - load: 50 conversations × 200 small turns, --wait: end-to-end turns/s
 //     (acked only once committed, and read back), beside the rate at which
-//     CTX_IN took the same turns (publish-turns/s).
+//     CTX_IN took the same turns (publish-turns/s), and beside the same
+//     command through JetStream alone (bare-e2e-turns/s: testdata/barejs,
+//     a process holding the server and a consumer that acks at once).
 //   - agents: 24 agents at 1,000 turns/s, each reading its history after
 //     every turn with `after` (incremental): turns/s, p50 and p99 publish →
 //     readable and bytes per read, beside the same workload reading the
 //     whole history every time (full-*).
 func BenchmarkEndToEnd(b *testing.B) {
 	bin := buildService(b)
+	bare := buildBare(b)
 	for range b.N {
+		b.ReportMetric(bareLoad(b, bare, 50*200, "load", "--convs", "50", "--turns", "200", "--size", "small"), "bare-e2e-turns/s")
+
 		url := startService(b, bin)
 		auth := []string{"--nats-url", url, "--nats-user", "acme-agent", "--nats-password", "acme-agent-demo-password"}
 
@@ -86,6 +93,52 @@ func ms(b *testing.B, out, pattern string) float64 {
 		b.Fatalf("%q in %q: %v", m[1], pattern, err)
 	}
 	return float64(d) / float64(time.Millisecond)
+}
+
+// bareLoad runs the command (a load of n turns) against testdata/barejs and
+// returns the rate from the first turn's arrival to the last ack.
+func bareLoad(b *testing.B, bin string, n int, args ...string) float64 {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(bin, "--listen", addr, "-n", strconv.Itoa(n))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() || lines.Text() != "ready" {
+		b.Fatalf("barejs did not start: %q %s", lines.Text(), stderr.String())
+	}
+	runCommand(b, append(args, "--nats-url", "nats://"+addr))
+	if !lines.Scan() {
+		b.Fatalf("barejs ended without acking: %s", stderr.String())
+	}
+	var acked int
+	var first, last int64
+	if _, err := fmt.Sscanf(lines.Text(), "acked %d from %d to %d", &acked, &first, &last); err != nil || acked != n || last <= first {
+		b.Fatalf("barejs said %q (%v)", lines.Text(), err)
+	}
+	return float64(n) / time.Duration(last-first).Seconds()
+}
+
+// buildBare builds testdata/barejs, the anchor of the load figure.
+func buildBare(b *testing.B) string {
+	bin := filepath.Join(b.TempDir(), "barejs")
+	cmd := exec.Command("go", "build", "-o", bin, "./testdata/barejs")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
 }
 
 // buildService builds the service binary (cmd/consumer).
