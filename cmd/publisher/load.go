@@ -152,26 +152,59 @@ func (w *workload) next() (schema.Turn, bool) {
 	return t, true
 }
 
-// pregenerateMax bounds the turns the load generates before it starts the
-// clock (about 1 KiB to 20 KiB each, by size).
-const pregenerateMax = 100_000
+// pregenerateMax and pregenerateBytes bound the turns the load generates
+// before it starts the clock: the rest are generated on the way.
+const (
+	pregenerateMax   = 100_000
+	pregenerateBytes = 128 << 20
+)
 
 // source is where the load's turns come from. As fast as acks allow (rate
-// 0), the turns are generated before the clock starts, when there are not
-// too many: generating them took half the command's CPU, which on a machine
-// shared with the service is taken from what is measured.
+// 0), turns are generated before the clock starts, as many as the bounds
+// above let: generating them took half the command's CPU, which on a
+// machine shared with the service is taken from what is measured.
 func (w *workload) source(stderr io.Writer, rate float64) source {
-	n := w.turns * len(w.convs)
-	if rate > 0 || n > pregenerateMax {
+	return w.sourceWithin(stderr, rate, pregenerateBytes)
+}
+
+// sourceWithin is source with a bound of its own on the content generated
+// first.
+func (w *workload) sourceWithin(stderr io.Writer, rate float64, maxBytes int) source {
+	if rate > 0 {
 		return w.next
 	}
 	start := time.Now()
-	turns := make([]schema.Turn, 0, n)
-	for t, ok := w.next(); ok; t, ok = w.next() {
+	var turns []schema.Turn
+	size := 0
+	for len(turns) < pregenerateMax && size < maxBytes {
+		t, ok := w.next()
+		if !ok {
+			break
+		}
 		turns = append(turns, t)
+		size += contentBytes(t.Content)
 	}
-	fmt.Fprintf(stderr, "load: %d turns generated in %s, before the clock starts\n", len(turns), time.Since(start).Round(time.Millisecond))
-	return sliceSource(turns)
+	fmt.Fprintf(stderr, "load: %d turns (%s of content) generated in %s, before the clock starts\n",
+		len(turns), mb(size), time.Since(start).Round(time.Millisecond))
+	first := sliceSource(turns)
+	return func() (schema.Turn, bool) {
+		if t, ok := first(); ok {
+			return t, true
+		}
+		return w.next()
+	}
+}
+
+// contentBytes is about what a content weighs: its texts and tool inputs.
+func contentBytes(c schema.Content) int {
+	n := 0
+	for _, b := range c.BlocksOf() {
+		n += len(b.Text) + len(b.Input)
+		if b.Content != nil {
+			n += contentBytes(*b.Content)
+		}
+	}
+	return n
 }
 
 func (w *workload) isLast(t *schema.Turn) bool {

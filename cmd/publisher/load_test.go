@@ -49,7 +49,7 @@ func TestPregeneratedLoadIsTheSameLoad(t *testing.T) {
 	var note bytes.Buffer
 	pre := newWorkload(seed, convs, turns, SizeRealistic, "p", 1_700_000_000_000).source(&note, 0)
 	live := newWorkload(seed, convs, turns, SizeRealistic, "p", 1_700_000_000_000).source(&note, 5)
-	if !strings.Contains(note.String(), "63 turns generated") {
+	if !strings.Contains(note.String(), "63 turns (") {
 		t.Fatalf("the load did not say it generated its turns first: %q", note.String())
 	}
 	n := 0
@@ -69,5 +69,28 @@ func TestPregeneratedLoadIsTheSameLoad(t *testing.T) {
 	}
 	if n != convs*turns {
 		t.Fatalf("%d turns, want %d", n, convs*turns)
+	}
+}
+
+// Past its bounds the load generates the rest on the way, and still sends
+// every turn once.
+func TestPregeneratedLoadBeyondItsBound(t *testing.T) {
+	const seed, convs, turns = 9, 3, 50
+	var note bytes.Buffer
+	w := newWorkload(seed, convs, turns, SizeLarge, "", 1_700_000_000_000)
+	// A bound the first turn reaches.
+	src := w.sourceWithin(&note, 0, 1)
+	seen := map[string]bool{}
+	for turn, ok := src(); ok; turn, ok = src() {
+		if seen[turn.ID] {
+			t.Fatalf("turn %s sent twice", turn.ID)
+		}
+		seen[turn.ID] = true
+	}
+	if len(seen) != convs*turns {
+		t.Fatalf("%d turns, want %d (%s)", len(seen), convs*turns, note.String())
+	}
+	if !strings.Contains(note.String(), "load: 1 turns (") {
+		t.Fatalf("every turn was generated first despite the bound: %s", note.String())
 	}
 }
