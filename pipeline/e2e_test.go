@@ -60,8 +60,14 @@ func startWith(t *testing.T, cfg pipeline.Config, profiles ...schema.Profile) *h
 
 func startStore(t *testing.T, cfg pipeline.Config, storeOpts []store.Option, profiles ...schema.Profile) *harness {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
 	_, url := natstest.Run(t)
+	return startOn(t, url, cfg, storeOpts, profiles...)
+}
+
+// startOn is startStore against the server at url.
+func startOn(t *testing.T, url string, cfg pipeline.Config, storeOpts []store.Option, profiles ...schema.Profile) *harness {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
 	nc := natstest.Connect(t, url)
 	js, err := jetstream.New(nc)
 	if err != nil {

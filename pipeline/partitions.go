@@ -166,6 +166,7 @@ func (r *Runner) consume(ctx context.Context) error {
 	defer stopProbe()
 	go r.probe(probeCtx)
 	go r.rebalance(probeCtx)
+	go r.adopt(probeCtx)
 	r.health.up()
 	r.Log.Info("consuming", "stream", bus.StreamIn, "partitions", r.partitions, "workers", r.cfg.Lanes)
 	wg.Wait()
@@ -327,11 +328,35 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 		return fmt.Errorf("consumer info: %w", err)
 	}
 	floor, delivered := info.AckFloor.Stream, info.Delivered.Stream
-	ictx, icancel = context.WithTimeout(ctx, 5*time.Second)
+	if md, err := first.Metadata(); err == nil {
+		// Everything the consumer delivered up to now, to anyone, and
+		// nobody acked. Not only what lies below the first input when that
+		// is a first delivery: after a consumer leader change the count
+		// of deliveries may not be the old leader's, and an input the dead
+		// owner held above it would come back after its ack wait, behind
+		// newer turns (seen once, as an orphan tool result). What this
+		// iterator holds comes again as duplicates.
+		delivered = max(delivered, md.Sequence.Stream)
+	}
+	gap, err := r.takeOver(ctx, p, floor, delivered)
+	if err != nil {
+		return err
+	}
+	r.Metrics.Inc("ctxpipe_partition_terms_total", "")
+	r.Log.Info("partition taken", "partition", p, "ack_floor", floor, "replayed_unacked", gap,
+		"changelog", r.Cursor(), "took", time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// takeOver catches the store up with the changelog and applies, in stream
+// order, partition p's inputs from floor+1 to delivered: those the
+// consumer delivered and nobody acked. It returns how many it read.
+func (r *Runner) takeOver(ctx context.Context, p int, floor, delivered uint64) (int, error) {
+	ictx, icancel := context.WithTimeout(ctx, 5*time.Second)
 	st, err := r.JS.Stream(ictx, bus.StreamState)
 	icancel()
 	if err != nil {
-		return fmt.Errorf("changelog info: %w", err)
+		return 0, fmt.Errorf("changelog info: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -347,26 +372,10 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 			"changelog_last", st.CachedInfo().State.LastSeq, "cursor", r.Cursor())
 	}
 	wcancel()
-	gap := 0
-	if md, err := first.Metadata(); err == nil {
-		// Everything the consumer delivered up to now, to anyone, and
-		// nobody acked. Not only what lies below the first input when that
-		// is a first delivery: after a consumer leader change the count
-		// of deliveries may not be the old leader's, and an input the dead
-		// owner held above it would come back after its ack wait, behind
-		// newer turns (seen once, as an orphan tool result). What this
-		// iterator holds comes again as duplicates.
-		delivered = max(delivered, md.Sequence.Stream)
+	if floor >= delivered {
+		return 0, nil
 	}
-	if floor < delivered {
-		if gap, err = r.replay(ctx, p, floor+1, delivered); err != nil {
-			return err
-		}
-	}
-	r.Metrics.Inc("ctxpipe_partition_terms_total", "")
-	r.Log.Info("partition taken", "partition", p, "ack_floor", floor, "replayed_unacked", gap,
-		"changelog", r.Cursor(), "took", time.Since(t0).Round(time.Millisecond))
-	return nil
+	return r.replay(ctx, p, floor+1, delivered)
 }
 
 func (r *Runner) dispatch(p int, msg jetstream.Msg) {
