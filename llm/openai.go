@@ -83,7 +83,8 @@ func (o *OpenAI) Summarize(ctx context.Context, req schema.SummaryRequest) (sche
 			return schema.Summary{}, fmt.Errorf("summarize: %w", ctx.Err())
 		}
 		if !Retryable(err) {
-			return schema.Summary{}, fmt.Errorf("summarize with %s at %s: %w", ep.Model, ep.BaseURL, err)
+			// sum carries the cost of an empty reply: it was paid for.
+			return sum, fmt.Errorf("summarize with %s at %s: %w", ep.Model, ep.BaseURL, err)
 		}
 		if attempt >= maxAttempts {
 			return schema.Summary{}, fmt.Errorf("summarize with %s at %s: gave up after %d attempts: %w", ep.Model, ep.BaseURL, attempt, err)
@@ -115,19 +116,23 @@ func (o *OpenAI) attempt(ctx context.Context, client *openai.Client, ep Endpoint
 	if len(resp.Choices) == 0 {
 		return schema.Summary{}, fmt.Errorf("%w: no choices in the reply", ErrBadResponse)
 	}
-	text := strings.TrimSpace(resp.Choices[0].Message.Content)
-	if text == "" {
-		return schema.Summary{}, fmt.Errorf("%w (finish reason %q)", ErrEmptySummary, resp.Choices[0].FinishReason)
-	}
 	model := resp.Model
 	if model == "" {
 		model = chat.Model
 	}
 	in, out := resp.Usage.PromptTokens, resp.Usage.CompletionTokens
-	return schema.Summary{
-		Text: text, Model: model, InputTokens: in, OutputTokens: out,
+	sum := schema.Summary{
+		Text: strings.TrimSpace(resp.Choices[0].Message.Content), Model: model, InputTokens: in, OutputTokens: out,
 		Cost: prices.Cost(in, out),
-	}, nil
+	}
+	if sum.Text == "" {
+		// Not retried: the same request tends to get the same reply (a
+		// reasoning model that spent its budget thinking). The engine
+		// reports empty_summary, with what the reply cost.
+		return sum, fmt.Errorf("%w: %w", ErrEmptySummary,
+			schema.Errorf(schema.ReasonEmptySummary, "the model returned no text (finish reason %q)", resp.Choices[0].FinishReason))
+	}
+	return sum, nil
 }
 
 // classify maps a go-openai error onto our error classes.

@@ -672,3 +672,29 @@ func TestEventsLeaveWithTheirCommit(t *testing.T) {
 		}
 	}
 }
+
+// A model that answers with white space only is reported as empty_summary,
+// with the cost of the reply it was paid for: the summarizer's error must
+// not turn it into an llm_error costing nothing (conformance run, D1).
+func TestEmptySummaryKeepsItsReasonAndCost(t *testing.T) {
+	h := start(t)
+	h.ai.SetHandler(func(openaiRequest) openaitest.Reply {
+		return openaitest.Reply{Text: "  \n ", PromptTokens: 200_000, CompletionTokens: 10, FinishReason: "length"}
+	})
+	const conv = "blank-model"
+	ts := h.turns(conv, 12, 200)
+	h.history(conv, schema.ViewEffective, ts[len(ts)-1].ID)
+	var failed *schema.CondenseFailed
+	for _, e := range h.events(conv) {
+		if f, ok := e.(*schema.CondenseFailed); ok && failed == nil {
+			failed = f
+		}
+	}
+	if failed == nil {
+		t.Fatalf("no condense_failed: %v", eventTypes(h.events(conv), ""))
+	}
+	// smallProfile's prices: $1 per million input tokens.
+	if failed.Error != schema.ReasonEmptySummary || failed.Cost < 0.2 {
+		t.Fatalf("condense_failed %q costing %v, want empty_summary costing about 0.2: %s", failed.Error, failed.Cost, failed.Message)
+	}
+}

@@ -13,7 +13,9 @@ import (
 
 // Summarizer writes a summary of a conversation (an LLM, or the offline
 // extractive condenser). A returned error is an outcome (condense_failed with
-// llm_error) unless ctx is done.
+// llm_error, or with the reason of a *schema.Error it wraps, such as
+// empty_summary) unless ctx is done. With an error, the Summary may still
+// carry the cost of a reply that was paid for.
 type Summarizer interface {
 	Summarize(ctx context.Context, req schema.SummaryRequest) (schema.Summary, error)
 }
@@ -336,7 +338,10 @@ func (r *run) condense(d Decision) (bool, error) {
 		return false, cerr
 	}
 	if err != nil {
-		return fail(schema.ReasonLLMError, err.Error(), 0)
+		if schema.ReasonOf(err) == schema.ReasonEmptySummary {
+			return fail(schema.ReasonEmptySummary, err.Error(), sum.Cost)
+		}
+		return fail(schema.ReasonLLMError, err.Error(), sum.Cost)
 	}
 	if strings.TrimSpace(sum.Text) == "" {
 		return fail(schema.ReasonEmptySummary, "the summarizer returned no text", sum.Cost)
