@@ -116,6 +116,22 @@ func planKeepTail(msgs []schema.Message, id string, keep map[string]bool) (*Cond
 			return nil, schema.Errorf(schema.ReasonCondensedRecently, "a summary is among the last %d messages", NMessagesToKeep)
 		}
 	}
+	// The summary can only shrink the context by hiding something: when
+	// every visible message it would hide must stay (pinned, the task, the
+	// latest instruction), it is refused before the model is asked, as the
+	// other strategies refuse it, rather than paid for, found to have made
+	// the context grow, and latched.
+	visible := idSet(EffectiveHistory(msgs))
+	hideable := 0
+	for i := 1; i < keepStart; i++ {
+		m := &msgs[i]
+		if m.CondenseParent == "" && !keep[m.ID] && visible[m.ID] && !m.IsTruncationMarker {
+			hideable++
+		}
+	}
+	if hideable == 0 {
+		return nil, schema.Errorf(schema.ReasonNotEnoughMessages, "every message before the last %d must stay", NMessagesToKeep)
+	}
 	toolUses, reasoning := toolBlocksToPreserve(msgs, keepStart, keep)
 	plan := &CondensePlan{Strategy: schema.StrategyKeepTail}
 	// The span may end with calls whose results are kept: the summarizer

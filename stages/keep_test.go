@@ -273,3 +273,36 @@ func TestCondenseInstructions(t *testing.T) {
 		t.Fatalf("prompt %q", sum.requests[0].Prompt)
 	}
 }
+
+// keep_tail with nothing it may hide (the task and a pinned turn are all
+// that lie before the kept tail) refuses before the model is asked, as the
+// other strategies do: no paid summary thrown away as context_grew, and an
+// overflow does not latch automatic condensing (conformance run, D2).
+func TestKeepTailWithNothingToHideAsksNoModel(t *testing.T) {
+	sum := &fixedSummarizer{text: "s"}
+	c := newConv(sum, smallProfile())
+	ctx := context.Background()
+	for i := range 5 {
+		tr := turnOf(i, 20)
+		tr.Pinned = i == 1
+		_, err := c.Append(ctx, tr)
+		mustNoErr(t, err)
+	}
+	evs, err := c.Apply(ctx, schema.Input{Kind: schema.KindOverflow, ID: msgID(50), ConversationID: testConv, TS: 2000})
+	mustNoErr(t, err)
+	if len(sum.requests) != 0 {
+		t.Fatalf("the summarizer was asked %d times; events %v", len(sum.requests), types(evs))
+	}
+	if c.State.CondenseBlocked {
+		t.Fatal("automatic condensing latched although no summary could have shrunk the context")
+	}
+	var reasons []schema.Reason
+	for _, e := range evs {
+		if f, ok := e.(*schema.CondenseFailed); ok {
+			reasons = append(reasons, f.Error)
+		}
+	}
+	if len(reasons) != 0 && reasons[0] != schema.ReasonNotEnoughMessages && reasons[0] != schema.ReasonNothingToReduce {
+		t.Fatalf("reasons %v, events %v", reasons, types(evs))
+	}
+}
