@@ -424,13 +424,13 @@ func planPreserveFraction(msgs []schema.Message, id string, keep map[string]bool
 // No boundary falls between a call and its results. If none reaches the
 // fraction, everything is compressed when the last message is an assistant
 // message without tool calls; otherwise the last boundary is used (0:
-// nothing can be compressed).
+// nothing can be compressed). Characters are counted as Gemini counts them
+// (geminiChars).
 func SplitPoint(msgs []schema.Message, fraction float64) int {
 	chars := make([]int, len(msgs))
 	total := 0
 	for i := range msgs {
-		b, _ := schema.Marshal(msgs[i].Content)
-		chars[i] = len(b) + len(msgs[i].Role)
+		chars[i] = geminiChars(&msgs[i])
 		total += chars[i]
 	}
 	target := float64(total) * fraction
@@ -458,6 +458,41 @@ func SplitPoint(msgs []schema.Message, fraction float64) int {
 		return n
 	}
 	return last
+}
+
+// geminiChars is Gemini's measure of a message, JSON.stringify(content)
+// .length: the message as a Gemini Content ({"role": "user" or "model",
+// "parts": [...]}, a text block as a {"text": ...} part, any other block as
+// its own JSON), in UTF-16 code units as JavaScript counts a string's
+// length, not in bytes: text in CJK scripts weighs three times less than
+// its UTF-8.
+func geminiChars(m *schema.Message) int {
+	role := "user"
+	if m.Role == schema.RoleAssistant {
+		role = "model"
+	}
+	parts := []any{}
+	for _, b := range m.Content.BlocksOf() {
+		if b.Type == schema.BlockText {
+			parts = append(parts, struct {
+				Text string `json:"text"`
+			}{b.Text})
+			continue
+		}
+		parts = append(parts, b)
+	}
+	js, _ := schema.Marshal(struct {
+		Role  string `json:"role"`
+		Parts []any  `json:"parts"`
+	}{role, parts})
+	n := 0
+	for _, r := range string(js) {
+		n++
+		if r >= 0x10000 { // a surrogate pair
+			n++
+		}
+	}
+	return n
 }
 
 func summaryMessage(id string, ref *schema.Message, role schema.Role, ts int64, c schema.Content, count func(schema.Content) int) schema.Message {

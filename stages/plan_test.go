@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf16"
 
 	"github.com/ctxpipe/ctxpipe/prompts"
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -391,6 +393,67 @@ func TestSplitPoint(t *testing.T) {
 				t.Fatalf("split %d, want %d", got, c.want)
 			}
 		})
+	}
+}
+
+// On plain-text histories SplitPoint is Gemini's findCompressSplitPoint,
+// which measures each message as JSON.stringify of its Gemini Content, in
+// JavaScript characters: a CJK text weighs its characters, not its UTF-8
+// bytes, and each message carries the Content's wrapper (conformance run,
+// D4). geminiSplit is that function, written from the seed's description.
+func TestSplitPointMeasuresAsGemini(t *testing.T) {
+	geminiSplit := func(h []schema.Message, fraction float64) int {
+		sizes, total := make([]int, len(h)), 0
+		for i, m := range h {
+			role := "user"
+			if m.Role == schema.RoleAssistant {
+				role = "model"
+			}
+			text, _ := json.Marshal(m.Content.Text)
+			js := `{"role":"` + role + `","parts":[{"text":` + string(text) + `}]}`
+			sizes[i] = len(utf16.Encode([]rune(js)))
+			total += sizes[i]
+		}
+		cum, last := 0, 0
+		for i, m := range h {
+			if m.Role == schema.RoleUser {
+				if float64(cum) >= float64(total)*fraction {
+					return i
+				}
+				last = i
+			}
+			cum += sizes[i]
+		}
+		if len(h) > 0 && h[len(h)-1].Role == schema.RoleAssistant {
+			return len(h)
+		}
+		return last
+	}
+	texts := func(ts ...string) []schema.Message {
+		var h []schema.Message
+		for i, t := range ts {
+			role := schema.RoleUser
+			if i%2 == 1 {
+				role = schema.RoleAssistant
+			}
+			h = append(h, schema.Message{Turn: schema.Turn{Role: role, Content: schema.TextContent(t)}})
+		}
+		return h
+	}
+	x := strings.Repeat("x", 100)
+	for _, c := range []struct {
+		name string
+		h    []schema.Message
+	}{
+		{"ASCII", texts(x, x, x, x, x, x)},
+		{"CJK first", texts(strings.Repeat("あ", 100), x, x, x, x, x)},
+		{"emoji (two UTF-16 units each)", texts(strings.Repeat("🙂", 60), x, x, x, x, x, x)},
+		{"short turns: the wrapper counts", texts(strings.Repeat("w", 200), "a", "b", "c", strings.Repeat("w", 20), strings.Repeat("w", 20), strings.Repeat("w", 20))},
+		{"quotes and newlines escaped", texts(strings.Repeat("\"\n", 50), x, x, x)},
+	} {
+		if got, want := SplitPoint(c.h, 0.7), geminiSplit(c.h, 0.7); got != want {
+			t.Errorf("%s: split %d, Gemini's %d", c.name, got, want)
+		}
 	}
 }
 
