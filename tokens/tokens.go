@@ -9,7 +9,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"strconv"
 	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -109,18 +111,153 @@ func ImageTokens(src *schema.ImageSource) int {
 }
 
 // SerializeToolUse renders a tool call as it is counted:
-// "Tool: <name>\nArguments: <input JSON>". The input is the block's own bytes
-// with insignificant whitespace removed, which is what JSON.stringify of the
-// parsed input gives: keys keep their order and <>& stay unescaped.
+// "Tool: <name>\nArguments: <input JSON>". The input is counted as
+// JSON.stringify of the parsed input writes it (stringifyJSON): keys keep
+// their order, and a string says its characters rather than the escapes
+// an agent may have sent them as (\u00e9 for é, \u003c for <).
 func SerializeToolUse(b *schema.Block) string {
 	var sb strings.Builder
 	sb.WriteString("Tool: ")
 	sb.WriteString(b.Name)
 	if len(b.Input) > 0 {
 		sb.WriteString("\nArguments: ")
-		sb.Write(compactJSON(b.Input))
+		sb.Write(stringifyJSON(b.Input))
 	}
 	return sb.String()
+}
+
+// stringifyJSON is what JavaScript's JSON.stringify(JSON.parse(raw)) gives
+// for raw, for the counting: no whitespace outside strings, and strings
+// escaped as JavaScript escapes them: only the quote, the backslash and the
+// control characters (\b \f \n \r \t, else \u00xx), a lone surrogate as
+// \udxxx, everything else as itself. Numbers and the order of keys stay as
+// sent (JavaScript would write 1.0 as 1 and put integer-like keys first;
+// agents rarely send either). Compact JSON without a backslash, the common
+// case, is returned as it is; JSON that does not parse too.
+func stringifyJSON(raw []byte) []byte {
+	if isCompact(raw) && jsEscapesOnly(raw) {
+		return raw
+	}
+	out := make([]byte, 0, len(raw))
+	for i := 0; i < len(raw); {
+		ch := raw[i]
+		switch {
+		case ch == '"':
+			end, str, ok := unquote(raw, i)
+			if !ok {
+				return compactJSON(raw)
+			}
+			out = appendJSString(out, str)
+			i = end
+		case ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r':
+			i++
+		default:
+			out = append(out, ch)
+			i++
+		}
+	}
+	return out
+}
+
+// jsEscapesOnly reports whether every escape in raw is one JSON.stringify
+// writes the same way (\" \\ \b \f \n \r \t): code in a tool's
+// arguments is full of \n, and needs no copy.
+func jsEscapesOnly(raw []byte) bool {
+	for i := bytes.IndexByte(raw, '\\'); i >= 0; {
+		if i+1 >= len(raw) || !strings.ContainsRune(`"\bfnrt`, rune(raw[i+1])) {
+			return false
+		}
+		next := bytes.IndexByte(raw[i+2:], '\\')
+		if next < 0 {
+			return true
+		}
+		i += 2 + next
+	}
+	return true
+}
+
+// unquote decodes the JSON string starting at raw[start] (a quote) into
+// UTF-16 code units, as JavaScript holds it, and returns the index after
+// its closing quote.
+func unquote(raw []byte, start int) (end int, units []uint16, ok bool) {
+	for i := start + 1; i < len(raw); {
+		ch := raw[i]
+		switch {
+		case ch == '"':
+			return i + 1, units, true
+		case ch == '\\':
+			if i+1 >= len(raw) {
+				return 0, nil, false
+			}
+			switch e := raw[i+1]; e {
+			case '"', '\\', '/':
+				units = append(units, uint16(e))
+			case 'b':
+				units = append(units, '\b')
+			case 'f':
+				units = append(units, '\f')
+			case 'n':
+				units = append(units, '\n')
+			case 'r':
+				units = append(units, '\r')
+			case 't':
+				units = append(units, '\t')
+			case 'u':
+				if i+6 > len(raw) {
+					return 0, nil, false
+				}
+				v, err := strconv.ParseUint(string(raw[i+2:i+6]), 16, 16)
+				if err != nil {
+					return 0, nil, false
+				}
+				units = append(units, uint16(v))
+				i += 4
+			default:
+				return 0, nil, false
+			}
+			i += 2
+		default:
+			r, size := utf8.DecodeRune(raw[i:])
+			units = utf16.AppendRune(units, r)
+			i += size
+		}
+	}
+	return 0, nil, false
+}
+
+// appendJSString appends units as JSON.stringify writes a string.
+func appendJSString(out []byte, units []uint16) []byte {
+	const hex = "0123456789abcdef"
+	out = append(out, '"')
+	for i := 0; i < len(units); i++ {
+		u := units[i]
+		switch {
+		case u == '"' || u == '\\':
+			out = append(out, '\\', byte(u))
+		case u == '\b':
+			out = append(out, '\\', 'b')
+		case u == '\f':
+			out = append(out, '\\', 'f')
+		case u == '\n':
+			out = append(out, '\\', 'n')
+		case u == '\r':
+			out = append(out, '\\', 'r')
+		case u == '\t':
+			out = append(out, '\\', 't')
+		case u < 0x20:
+			out = append(out, '\\', 'u', '0', '0', hex[u>>4], hex[u&0xf])
+		case utf16.IsSurrogate(rune(u)):
+			if u < 0xdc00 && i+1 < len(units) && units[i+1] >= 0xdc00 && units[i+1] < 0xe000 {
+				out = utf8.AppendRune(out, utf16.DecodeRune(rune(u), rune(units[i+1])))
+				i++
+				continue
+			}
+			out = append(out, '\\', 'u', hex[u>>12], hex[u>>8&0xf], hex[u>>4&0xf], hex[u&0xf])
+		default:
+			out = utf8.AppendRune(out, rune(u))
+		}
+	}
+	return append(out, '"')
 }
 
 func compactJSON(raw json.RawMessage) []byte {

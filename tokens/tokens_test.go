@@ -161,3 +161,30 @@ func TestCountsOffline(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A tool call's input is counted as JSON.stringify(JSON.parse(input))
+// writes it, however the agent escaped it (conformance run, D3).
+func TestStringifyJSON(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{`{"path":"a.go","n":1}`, `{"path":"a.go","n":1}`},
+		{`{ "a" : [ 1 , 2 ],"b" :"x y" }`, `{"a":[1,2],"b":"x y"}`},
+		{`{"path":"\u00e9t\u00e9.go"}`, `{"path":"été.go"}`},
+		{`{"q":"a\/b"}`, `{"q":"a/b"}`},
+		{`{"s":"\u003cdiv\u003e \u0026"}`, `{"s":"<div> &"}`},
+		{`{"t":"line\nnext\ttab\u0001\u001F"}`, `{"t":"line\nnext\ttab\u0001\u001f"}`},
+		{`{"q":"say \"hi\" \\ back"}`, `{"q":"say \"hi\" \\ back"}`},
+		{`{"e":"\ud83d\ude42"}`, `{"e":"🙂"}`},
+		{`{"lone":"\ud800x"}`, `{"lone":"\ud800x"}`},
+		{`{"\u006bey":"v"}`, `{"key":"v"}`},
+		{`{"broken":"\q"}`, `{"broken":"\q"}`},
+	} {
+		if got := string(stringifyJSON([]byte(c.in))); got != c.want {
+			t.Errorf("%s: got %s, want %s", c.in, got, c.want)
+		}
+	}
+	escaped := schema.Block{Type: schema.BlockToolUse, Name: "read_file", Input: []byte(`{"path":"\u30c6\u30b9\u30c8.go"}`)}
+	plain := schema.Block{Type: schema.BlockToolUse, Name: "read_file", Input: []byte(`{"path":"テスト.go"}`)}
+	if a, b := SerializeToolUse(&escaped), SerializeToolUse(&plain); a != b {
+		t.Fatalf("the same call counts differently by its escapes:\n%s\n%s", a, b)
+	}
+}
