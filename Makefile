@@ -61,6 +61,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeInput$$' -fuzztime $(FUZZTIME) ./schema/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./changelog/
 	$(GO) test -run '^$$' -fuzz '^FuzzCount$$' -fuzztime $(FUZZTIME) ./tokens/o200k/
+	$(GO) test -run '^$$' -fuzz '^FuzzStringifyJSON$$' -fuzztime $(FUZZTIME) ./tokens/
 
 ## load: end-to-end throughput and latency against a running service (make run in another shell)
 load:

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -187,4 +188,33 @@ func TestStringifyJSON(t *testing.T) {
 	if a, b := SerializeToolUse(&escaped), SerializeToolUse(&plain); a != b {
 		t.Fatalf("the same call counts differently by its escapes:\n%s\n%s", a, b)
 	}
+}
+
+// Whatever valid JSON an agent sends, what is counted means the same value,
+// is compact, and is written again unchanged.
+func FuzzStringifyJSON(f *testing.F) {
+	for _, s := range []string{`{"path":"a.go"}`, `{ "a" : [1, 2.5e3, true, null] }`, `{"s":"\u00e9\ud83d\ude42\u003c\n\"\\"}`,
+		`["\ud800", "\udc00x", "\u0000\u001f\u007f"]`, `"x"`, `{"k":{"n":[{"deep":"\t"}]}}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var want any
+		if json.Unmarshal(raw, &want) != nil {
+			return
+		}
+		out := stringifyJSON(raw)
+		var got any
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("%q became %q, which does not parse: %v", raw, out, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q became %q: a different value", raw, out)
+		}
+		if !isCompact(out) {
+			t.Fatalf("%q became %q: not compact", raw, out)
+		}
+		if again := stringifyJSON(out); string(again) != string(out) {
+			t.Fatalf("%q: %q, then %q", raw, out, again)
+		}
+	})
 }
