@@ -92,7 +92,7 @@ func (s *EventStream) Close() {
 var errClosed = errors.New("event stream closed")
 
 // Events streams conv's events: live ones from the moment Events returns
-// (a core subscription on ctx.events.<conv>.>), and with Replay the stored
+// (a core subscription on ctx.events.<conv>.*), and with Replay the stored
 // ones first. Live events are subscribed before the replay is read and
 // matched by event id, so nothing committed in between is lost or
 // delivered twice. A conversation with no events yet (or none at all) is
@@ -116,9 +116,13 @@ func (c *Client) Events(ctx context.Context, conv string, opts ...EventsOption) 
 			_ = s.Unsubscribe() // fails only on a closed connection, where it is gone anyway
 		}
 	}
-	subjects := []string{schema.EventSubjectPrefix + c.scoped(conv) + ".>"}
+	// An event type is one token: ".>" would also match the subjects of
+	// tenant <conv>'s conversations (ctx.events.<tenant>.<conv>.<type>), so
+	// that in the service's own account conversation "acme" would receive
+	// tenant acme's events (and count them into its position).
+	subjects := []string{schema.EventSubjectPrefix + c.scoped(conv) + ".*"}
 	if cfg.progress {
-		subjects = append(subjects, ProgressPrefix+c.scoped(conv)+".>")
+		subjects = append(subjects, ProgressPrefix+c.scoped(conv)+".*")
 	}
 	for i, subj := range subjects {
 		progress := i == 1
