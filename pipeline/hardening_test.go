@@ -516,3 +516,41 @@ func TestPurgedChangelogIsNotReady(t *testing.T) {
 		t.Fatalf("lost appends counted %v", n)
 	}
 }
+
+// A rejection's message quotes what the input held. A 2.4 MB role of U+0085
+// (quoted and JSON-escaped, 7 bytes for each 2) made an input_rejected event
+// of 8.4 MB, over the message limit: the relay retried it for ever and no
+// later event of any tenant left (outside campaign F7). The message is now
+// bounded, the event leaves, and so do the others.
+func TestHostileFieldCannotMakeAnEventTooLarge(t *testing.T) {
+	h := start(t)
+	const conv = "poison"
+	id := uuid.NewString()
+	payload, err := json.Marshal(map[string]any{"id": id, "conversation_id": conv, "ts": 1,
+		"role": strings.Repeat("\u0085", 1_200_000), "content": "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.publishRaw(schema.InputSubject(conv, schema.KindTurn), id, payload)
+	if _, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, WaitFor: id}); qe == nil || qe.Code != pipeline.QueryInputRejected {
+		t.Fatalf("wait_for the hostile turn: %v, want input_rejected", qe)
+	}
+	var rejected *schema.InputRejected
+	for _, ev := range h.events(conv) { // flushes the relay: fails if it is stuck
+		if r, ok := ev.(*schema.InputRejected); ok {
+			rejected = r
+		}
+	}
+	if rejected == nil || rejected.Reason != schema.ReasonBadRole || len(rejected.Message) > schema.MaxMessageBytes {
+		t.Fatalf("rejection %+v", rejected)
+	}
+	bad := uuid.NewString()
+	h.publishRaw(schema.InputSubject("after", schema.KindTurn), bad,
+		[]byte(`{"id":"`+bad+`","conversation_id":"after","ts":2,"role":"tool","content":"x"}`))
+	if _, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: "after", WaitFor: bad}); qe == nil {
+		t.Fatal("the second bad turn was not rejected")
+	}
+	if evs := h.events("after"); len(evs) != 1 {
+		t.Fatal("no event of another conversation left after the hostile one")
+	}
+}

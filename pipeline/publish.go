@@ -72,11 +72,18 @@ func (p JetStreamPublisher) Publish(ctx context.Context, subject string, data []
 		// unknown.
 		return 0, nil
 	}
+	if errors.Is(err, nats.ErrMaxPayload) || (errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeMsgTooLarge) {
+		return 0, fmt.Errorf("%w: %w", store.ErrUnpublishable, err)
+	}
 	if err != nil {
 		return 0, err
 	}
 	return ack.Sequence, nil
 }
+
+// errCodeMsgTooLarge is JetStream's "message size exceeds maximum allowed"
+// (the stream's max_msg_size).
+const errCodeMsgTooLarge jetstream.ErrorCode = 10054
 
 // errCodeMsgIDInProcess is JetStream's "duplicate message id is in process"
 // (409): a publish with the same Nats-Msg-Id is being stored right now.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -296,5 +297,45 @@ func BenchmarkPublishedAfter(b *testing.B) {
 		if err != nil || len(msgs) != pipeline.DefaultScanLimit || last != uint64(pipeline.DefaultScanLimit) {
 			b.Fatalf("PublishedAfter = %d msgs, last %d, %v", len(msgs), last, err)
 		}
+	}
+}
+
+// An event too large to publish (over the server's max_payload) used to
+// hold back every later row for ever: the relay retried it from the same
+// row, in order (outside campaign F7). It is now logged, skipped and
+// counted; the rows after it go out, and it stays in the events table.
+func TestRelaySkipsAnEventTooLargeToPublish(t *testing.T) {
+	ctx := context.Background()
+	_, js, st := eventsStream(t)
+	s, err := store.Open(ctx, filepath.Join(t.TempDir(), "ctx.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	before := commitEvents(t, s, 2)
+	// A summary of 9 MiB: larger than the test server's max_payload.
+	in := uuid.NewString()
+	huge := &schema.CondenseContext{EventHeader: schema.EventHeader{ID: uuid.NewString(), Type: schema.EventCondenseContext,
+		ConversationID: "big", TS: 10, InputID: in}, Summary: strings.Repeat("s", 9<<20), Trigger: schema.TriggerManual}
+	if _, err := s.Commit(ctx, []store.Entry{{
+		Input: store.InputRecord{ID: in, ConversationID: "big", Kind: "condense", Subject: schema.InputSubject("big", schema.KindCondense),
+			TS: 10, Payload: []byte(`{}`), Status: store.StatusApplied},
+		Changes: &schema.Changes{Events: []schema.Event{huge}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	after := commitEvents(t, s, 3)
+	r := store.NewRelay(s, pipeline.JetStreamPublisher{JS: js}, nil, store.RelayOptions{BatchSize: 8,
+		PollInterval: 10 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond, DuplicateWindow: dupWindow})
+	stop := runRelay(r)
+	defer stop()
+	flushRelay(t, r)
+	exactlyOnce(t, streamIDs(t, st), append(before, after...))
+	if r.Skipped() != 1 {
+		t.Fatalf("skipped %d events, want 1", r.Skipped())
+	}
+	evs, err := s.Events(ctx, "big")
+	if err != nil || len(evs) != 1 || evs[0].Header().ID != huge.ID {
+		t.Fatalf("the skipped event is not in the events table: %v %v", evs, err)
 	}
 }

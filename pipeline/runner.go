@@ -629,6 +629,9 @@ func (r *Runner) rejection(j *job, id string, cause error) store.Entry {
 	if errors.As(cause, &se) {
 		msg = se.Message
 	}
+	// Messages quote what the input held: a 2 MB field would make an event
+	// too large to publish (and log).
+	msg = schema.Clip(msg, schema.MaxMessageBytes)
 	conv := j.conv
 	if !schema.ValidConversationKey(conv) {
 		conv = schema.ConversationKey(schema.SubjectTenant(j.subject), schema.InvalidConversationID)

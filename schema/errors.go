@@ -3,6 +3,7 @@ package schema
 import (
 	"errors"
 	"fmt"
+	"unicode/utf8"
 )
 
 // Reason is a stable, machine-readable code for why an input was rejected or
@@ -73,6 +74,29 @@ func (e *Error) Error() string { return string(e.Reason) + ": " + e.Message }
 // Errorf returns an *Error with a formatted message.
 func Errorf(r Reason, format string, args ...any) *Error {
 	return &Error{Reason: r, Message: fmt.Sprintf(format, args...)}
+}
+
+// MaxMessageBytes bounds the human message of an event (input_rejected,
+// condense_failed): messages quote what an input held, and an input of
+// megabytes must not make an event too large to publish.
+const MaxMessageBytes = 1024
+
+// Clip returns s cut to at most max bytes, on a character boundary, saying
+// how long it was when it had to be cut (for a max shorter than that note,
+// the note alone).
+func Clip(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	suffix := fmt.Sprintf("… (%d bytes in all)", len(s))
+	cut := max - len(suffix)
+	if cut < 0 {
+		cut = 0
+	}
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + suffix
 }
 
 // ReasonOf returns the Reason carried by err, or "" when err is not (and does

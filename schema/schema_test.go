@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/ctxpipe/ctxpipe/schema"
 )
@@ -517,5 +518,24 @@ func TestDecodeTranscripts(t *testing.T) {
 	const wantBlocks = 2797 + 3850 + 3850 + 526
 	if lines.Load() != 7743 || blocks.Load() != wantBlocks {
 		t.Errorf("decoded %d lines and %d blocks, want 7743 and %d", lines.Load(), blocks.Load(), wantBlocks)
+	}
+}
+
+func TestClip(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		max  int
+		want string
+	}{
+		{"short", 10, "short"},
+		{strings.Repeat("a", 10), 10, strings.Repeat("a", 10)},
+		{strings.Repeat("a", 100), 40, strings.Repeat("a", 18) + "… (100 bytes in all)"},
+		{strings.Repeat("é", 50), 41, strings.Repeat("é", 9) + "… (100 bytes in all)"},
+		{strings.Repeat("a", 100), 5, "… (100 bytes in all)"},
+	} {
+		got := schema.Clip(c.in, c.max)
+		if got != c.want || !utf8.ValidString(got) {
+			t.Errorf("Clip(%d bytes, %d) = %q, want %q", len(c.in), c.max, got, c.want)
+		}
 	}
 }

@@ -309,6 +309,8 @@ func (r *run) condense(d Decision) (bool, error) {
 		r.e.Progress(r.ctx, managing)
 	}
 	fail := func(reason schema.Reason, msg string, cost float64) (bool, error) {
+		// A provider's error message is quoted: bounded, like every event's.
+		msg = schema.Clip(msg, schema.MaxMessageBytes)
 		r.ch.Events = append(r.ch.Events, &schema.CondenseFailed{
 			EventHeader: r.header(schema.EventCondenseFailed),
 			Error:       reason, Message: msg, Cost: cost, Trigger: d.Trigger,

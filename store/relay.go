@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -18,6 +19,13 @@ import (
 type Publisher interface {
 	Publish(ctx context.Context, subject string, data []byte, msgID string) (seq uint64, err error)
 }
+
+// ErrUnpublishable is wrapped by a Publisher's error when the message can
+// never be published as it is (larger than the server or the stream takes).
+// The relay then skips the row, logging it, rather than retry it for ever:
+// rows are published in order, and one such row would hold back every
+// later event of every conversation.
+var ErrUnpublishable = errors.New("the event can never be published")
 
 // PublishedMsg is one message the event stream holds.
 type PublishedMsg struct {
@@ -73,7 +81,13 @@ type Relay struct {
 	kick chan struct{}
 	mu   sync.Mutex
 	prog chan struct{} // closed and replaced after every round
+
+	skipped atomic.Int64 // rows that could never be published
 }
+
+// Skipped is how many events the relay gave up on because they can never
+// be published (ErrUnpublishable).
+func (r *Relay) Skipped() int64 { return r.skipped.Load() }
 
 // NewRelay returns a Relay over s that publishes through pub. log may be nil.
 func NewRelay(s *Store, pub Publisher, log *slog.Logger, opts RelayOptions) *Relay {
@@ -232,12 +246,21 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 			r.attempts[o.seq] = time.Now()
 		}
 		seq, err := r.pub.Publish(ctx, o.subject, o.data, o.eventID)
+		if errors.Is(err, ErrUnpublishable) {
+			// Marked as handled, with no stream sequence: it stays in the
+			// events table (ctx.q.events), and the rows after it go out.
+			r.log.Error("an event can never be published; skipped", "event_id", o.eventID, "subject", o.subject,
+				"bytes", len(o.data), "err", err)
+			r.skipped.Add(1)
+			done = append(done, o.seq)
+			continue
+		}
 		if err != nil {
 			pubErr = fmt.Errorf("publish %s (seq %d) on %s: %w", o.eventID, o.seq, o.subject, err)
 			break
 		}
 		done = append(done, o.seq)
-		lastSeq = seq
+		lastSeq = max(lastSeq, seq)
 	}
 	if len(done) > 0 {
 		// Marking uses a fresh context: rows already published should be
