@@ -554,3 +554,23 @@ func TestHostileFieldCannotMakeAnEventTooLarge(t *testing.T) {
 		t.Fatal("no event of another conversation left after the hostile one")
 	}
 }
+
+// A turn of 4 MiB, the most an input may be, made of U+2028 (3 bytes each):
+// written back as \u2028 it took 8 MiB, and once any message followed it no
+// reply holding it fitted the message limit, not even a page of one, so the
+// history could not be read and a wait for a later input failed too
+// (outside campaign F3). What an input says no longer grows when written.
+func TestLineSeparatorsDoNotDoubleATurn(t *testing.T) {
+	h := start(t, schema.Profile{ID: schema.DefaultProfileID, ContextWindow: 4_000_000, MaxTokens: 1000})
+	const conv = "separators"
+	big := schema.Turn{ID: uuid.NewString(), ConversationID: conv, TS: h.nextTS(), Role: schema.RoleUser,
+		Content: schema.TextContent(strings.Repeat("\u2028", 1_390_000))}
+	h.publish(schema.InputSubject(conv, schema.KindTurn), big.ID, big)
+	next := schema.Turn{ID: uuid.NewString(), ConversationID: conv, TS: h.nextTS(), Role: schema.RoleAssistant,
+		Content: schema.TextContent("ok")}
+	h.publish(schema.InputSubject(conv, schema.KindTurn), next.ID, next)
+	full := h.history(conv, schema.ViewFull, next.ID)
+	if len(full) != 2 || full[0].Content.Text != big.Content.Text {
+		t.Fatalf("history of %d messages", len(full))
+	}
+}

@@ -64,11 +64,15 @@ func v1Marshal(t *testing.T, v any) string {
 	if err := enc.Encode(v); err != nil {
 		t.Fatal(err)
 	}
-	return strings.TrimSuffix(buf.String(), "\n")
+	// The one deliberate difference: U+2028 and U+2029 are written as
+	// themselves (schema's marshalOptions say why).
+	out := strings.NewReplacer(`\u2028`, "\u2028", `\u2029`, "\u2029").Replace(buf.String())
+	return strings.TrimSuffix(out, "\n")
 }
 
 // TestMarshalAsEncodingJSON checks that schema.Marshal writes, byte for
-// byte, what encoding/json wrote: stored bodies and replies keep their form.
+// byte, what encoding/json wrote (but for U+2028 and U+2029, see v1Marshal):
+// stored bodies and replies keep their form.
 func TestMarshalAsEncodingJSON(t *testing.T) {
 	check := func(name string, v any) {
 		t.Helper()
@@ -87,7 +91,7 @@ func TestMarshalAsEncodingJSON(t *testing.T) {
 		check(l.Turn.ID+" content", l.Turn.Content)
 	}
 	check("empty blocks", schema.BlockContent())
-	check("html", schema.TextContent("<a href=\"x\">&amp;</a>\u2028"))
+	check("html", schema.TextContent("<a href=\"x\">&amp;</a>\u2028\u2029"))
 	files, _ := filepath.Glob("testdata/events/valid/*.json")
 	for _, f := range files {
 		data, err := os.ReadFile(f)
