@@ -126,7 +126,7 @@ func (c *Client) Events(ctx context.Context, conv string, opts ...EventsOption) 
 	}
 	for i, subj := range subjects {
 		progress := i == 1
-		sub, err := c.nc.Subscribe(subj, func(m *nats.Msg) { q.push(m.Data, progress) })
+		sub, err := c.nc.Subscribe(subj, func(m *nats.Msg) { q.push(m.Data, progress, c.epoch()) })
 		if err != nil {
 			unsubscribe()
 			return nil, fmt.Errorf("ctxpipe events %s: subscribe %s: %w", conv, subj, err)
@@ -198,11 +198,14 @@ type eventQueue struct {
 type queued struct {
 	data     []byte
 	progress bool
+	// epoch is the connection's epoch when the message was handed to the
+	// handler: at least the one it was received in.
+	epoch uint64
 }
 
-func (q *eventQueue) push(data []byte, progress bool) {
+func (q *eventQueue) push(data []byte, progress bool, epoch uint64) {
 	q.mu.Lock()
-	q.items = append(q.items, queued{data, progress})
+	q.items = append(q.items, queued{data, progress, epoch})
 	q.mu.Unlock()
 	select {
 	case q.ready <- struct{}{}:
@@ -232,7 +235,18 @@ type follower struct {
 	// has accounted for, in commit order: where a catch-up reads from.
 	// -1 without Replay: unknown, and no catch-up.
 	pos int
+	// epoch is the connection's epoch (see Client.epoch) that the last
+	// catch-up started in. The subscriptions were at the server all through
+	// it, so its live events follow pos without a gap and may be counted
+	// into pos; a live event of a later epoch may come after a gap (events
+	// published while the connection was down), so a catch-up comes first.
+	epoch uint64
 }
+
+// epoch counts the connection's reconnects. It goes up before anything is
+// received on the new connection, so a message handed to a handler in
+// epoch e was received in e or earlier.
+func (c *Client) epoch() uint64 { return c.nc.Stats().Reconnects }
 
 func (f *follower) run(ctx context.Context, status chan nats.Status) error {
 	if f.pos >= 0 {
@@ -245,16 +259,17 @@ func (f *follower) run(ctx context.Context, status chan nats.Status) error {
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		case st := <-status:
-			switch st {
-			case nats.CLOSED:
+			// The channel drops a status when full (a reader that lagged
+			// through many reconnects): ask the connection too.
+			if st == nats.CLOSED || f.c.nc.IsClosed() {
 				return fmt.Errorf("ctxpipe events %s: %w", f.conv, nats.ErrConnectionClosed)
-			case nats.CONNECTED:
-				// Back after a disconnect: what was published meanwhile
-				// never reached the subscription; the service has it.
-				if f.pos >= 0 {
-					if err := f.catchUp(ctx); err != nil {
-						return err
-					}
+			}
+			// Back after a disconnect: what was published meanwhile never
+			// reached the subscription; the service has it. (Live events
+			// received since then may be queued already: they wait.)
+			if f.pos >= 0 && f.c.epoch() != f.epoch {
+				if err := f.catchUp(ctx); err != nil {
+					return err
 				}
 			}
 		case <-f.q.ready:
@@ -268,7 +283,9 @@ func (f *follower) run(ctx context.Context, status chan nats.Status) error {
 }
 
 // catchUp reads the stored events from pos on and delivers those not seen.
+// Every event received before it starts is among them.
 func (f *follower) catchUp(ctx context.Context) error {
+	f.epoch = f.c.epoch()
 	for raw, err := range f.c.storedEvents(ctx, f.conv, f.pos) {
 		if err != nil {
 			return err
@@ -351,6 +368,15 @@ func (c *Client) storedEvents(ctx context.Context, conv string, after int) iter.
 
 // live handles one message from a subscription.
 func (f *follower) live(ctx context.Context, m queued) error {
+	if f.pos >= 0 && !m.progress && m.epoch > f.epoch {
+		// Received after a reconnect the stream has not caught up with
+		// (a reader that lags leaves the status waiting behind queued
+		// events): the events published while the connection was down
+		// come before it, and counting it into pos would skip them.
+		if err := f.catchUp(ctx); err != nil {
+			return err
+		}
+	}
 	ev := decodeEvent(m.data)
 	id := ev.Header().ID
 	committed, known := f.seen[id]
@@ -361,7 +387,11 @@ func (f *follower) live(ctx context.Context, m queued) error {
 		f.seen[id] = false
 	default:
 		f.seen[id] = true
-		if f.pos >= 0 {
+		// Not in the last catch-up (it would be seen) and received in its
+		// epoch: the next committed event. One of an earlier epoch was
+		// received before that catch-up started, so it was in it; should
+		// one not be, pos is left alone rather than risk skipping events.
+		if f.pos >= 0 && m.epoch == f.epoch {
 			f.pos++
 		}
 		if known {
