@@ -11,6 +11,7 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/changelog"
+	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/store"
 )
 
@@ -693,6 +694,12 @@ func (r *Runner) committed(entries []store.Entry, results []store.Result, own bo
 	for i, e := range entries {
 		ids[i] = e.Input.ID
 		outs[i] = outcome{conv: e.Input.ConversationID, status: e.Input.Status, reason: e.Input.Reason, known: !results[i].Duplicate}
+		if sent := rejectedAs(e); sent != "" && !results[i].Duplicate {
+			// A reused id is rejected under an id of its own; the agent
+			// waits on the one it sent (in its own conversation only).
+			ids = append(ids, sent)
+			outs = append(outs, outs[i])
+		}
 		if !own {
 			if !results[i].Duplicate {
 				r.Metrics.Inc("ctxpipe_changelog_changes_total", "")
@@ -715,6 +722,18 @@ func (r *Runner) committed(entries []store.Entry, results []store.Result, own bo
 		}
 	}
 	r.waiters.done(ids, outs)
+}
+
+// rejectedAs is the id an input was sent under when it is stored under
+// another (a duplicate_id rejection), or "".
+func rejectedAs(e store.Entry) string {
+	if e.Input.Status != store.StatusRejected || e.Changes == nil || len(e.Changes.Events) == 0 {
+		return ""
+	}
+	if ev, ok := e.Changes.Events[0].(*schema.InputRejected); ok && ev.InputID != e.Input.ID {
+		return ev.InputID
+	}
+	return ""
 }
 
 // applyFollowed commits the records other writers appended (and moves the

@@ -74,6 +74,36 @@ func TestReusedInputIDIsRejected(t *testing.T) {
 	if err := schema.DecodeQueryReply(msg.Data, &rep); err == nil {
 		t.Fatalf("wait_for in another conversation answered %d messages: the agent is told its turn landed", len(rep.Messages))
 	}
+	// ... it is told its input was rejected, and why, rather than left to
+	// time out (outside campaign F4): after the commit, from the store,
+	if _, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: "thief", WaitFor: first.ID}); qe == nil ||
+		qe.Code != pipeline.QueryInputRejected || !strings.Contains(qe.Message, string(schema.ReasonDuplicateID)) {
+		t.Fatalf("wait_for the reused id where it was rejected: %+v", qe)
+	}
+	// and while it waits, from the commit.
+	answered := make(chan []byte, 1)
+	go func() {
+		req, _ := json.Marshal(schema.HistoryRequest{ConversationID: "thief2", WaitFor: first.ID, TimeoutMS: 10000})
+		msg, err := h.nc.Request(schema.SubjectHistory, req, 15*time.Second)
+		if err != nil {
+			answered <- []byte(err.Error())
+			return
+		}
+		answered <- msg.Data
+	}()
+	time.Sleep(200 * time.Millisecond) // the wait is registered
+	again := first
+	again.ConversationID = "thief2"
+	h.publish(schema.InputSubject("thief2", schema.KindTurn), uuid.NewString(), again)
+	select {
+	case data := <-answered:
+		var qe schema.QueryError
+		if json.Unmarshal(data, &qe) != nil || qe.Error.Code != pipeline.QueryInputRejected {
+			t.Fatalf("a wait in progress for the reused id: %s", data)
+		}
+	case <-time.After(8 * time.Second):
+		t.Fatal("a wait in progress for the reused id was not answered by its rejection")
+	}
 }
 
 // A control input on a conversation that has no turn is rejected and

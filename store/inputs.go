@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/ctxpipe/ctxpipe/schema"
 )
 
 // RejectedPayloadPrefix is how many bytes of a rejected input's payload are
@@ -130,12 +132,34 @@ func (s *Store) InputStatusIn(ctx context.Context, conv, id string) (status Stat
 	err = s.r.QueryRowContext(ctx, "SELECT status, reason FROM inputs WHERE id IN (?, ?) AND conversation_id = ? LIMIT 1",
 		id, legacyForm(id), conv).Scan(&st, &reason)
 	if errors.Is(err, sql.ErrNoRows) {
-		return "", "", false, nil
+		return s.reusedIDStatus(ctx, conv, id)
 	}
 	if err != nil {
 		return "", "", false, fmt.Errorf("input status %s in %s: %w", id, conv, err)
 	}
 	return Status(st), reason, true, nil
+}
+
+// reusedIDStatus finds an input of conv rejected because its id was used
+// before (duplicate_id): the rejection is stored under an id of its own,
+// and only its input_rejected event names the id the agent sent.
+func (s *Store) reusedIDStatus(ctx context.Context, conv, id string) (Status, string, bool, error) {
+	var body []byte
+	err := s.r.QueryRowContext(ctx, `SELECT body FROM events WHERE conversation_id = ? AND type = ? AND input_id IN (?, ?) LIMIT 1`,
+		conv, string(schema.EventInputRejected), id, legacyForm(id)).Scan(&body)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", "", false, nil
+	}
+	if err != nil {
+		return "", "", false, fmt.Errorf("input status %s in %s: %w", id, conv, err)
+	}
+	reason := string(schema.ReasonDuplicateID)
+	if ev, err := schema.DecodeEvent(body); err == nil {
+		if r, ok := ev.(*schema.InputRejected); ok {
+			reason = string(r.Reason)
+		}
+	}
+	return StatusRejected, reason, true, nil
 }
 
 // legacyForm is the upper-case form of an input id. Ids are kept in lower
