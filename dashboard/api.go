@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"mime"
 	"net/http"
 	"net/url"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
@@ -204,6 +206,14 @@ func (h *Dashboard) control(kind schema.InputKind) http.HandlerFunc {
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&req); err != nil {
 			h.fail(w, http.StatusBadRequest, fmt.Errorf("body: %w", err))
+			return
+		}
+		if _, err := dec.Token(); err != io.EOF {
+			h.fail(w, http.StatusBadRequest, errors.New("body: one JSON object, and nothing after it"))
+			return
+		}
+		if n := utf8.RuneCountInString(req.Instructions); n > schema.MaxInstructionsLen {
+			h.fail(w, http.StatusBadRequest, fmt.Errorf("instructions of %d characters; at most %d", n, schema.MaxInstructionsLen))
 			return
 		}
 		_, found, err := h.d.Store.State(r.Context(), key)

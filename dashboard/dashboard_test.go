@@ -367,6 +367,9 @@ func TestControlGuards(t *testing.T) {
 		{"bad key", "/api/conversations/a.b.c/condense", `{}`, nil, 400},
 		{"rewind without ts", "/api/conversations/g/rewind", `{}`, nil, 400},
 		{"unknown field", "/api/conversations/g/rewind", `{"ts":1,"what":2}`, nil, 400},
+		{"a second object after the first", "/api/conversations/g/rewind", `{"ts":5}{"ts":6}`, nil, 400},
+		{"instructions too long", "/api/conversations/g/condense", `{"instructions":"` + strings.Repeat("é", schema.MaxInstructionsLen+1) + `"}`, nil, 400},
+		{"instructions at the bound", "/api/conversations/g/condense", `{"instructions":"` + strings.Repeat("é", schema.MaxInstructionsLen) + `"}`, nil, 202},
 		{"same origin", "/api/conversations/g/condense", `{}`, map[string]string{"Origin": e.srv.URL}, 202},
 		// A site that rebound its name to 127.0.0.1 is same-origin with
 		// itself; the dashboard does not answer to its name.
