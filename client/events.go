@@ -8,6 +8,7 @@ import (
 	"iter"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -71,8 +72,11 @@ type EventStream struct {
 func (s *EventStream) C() <-chan schema.Event { return s.c }
 
 // Err is why the stream ended, once C is closed: nil after Close, ctx's
-// error when the context ended, else the failure (a replay query that
-// failed, the connection closed).
+// error when the context ended, else the failure (a replay query the
+// service refused, the connection closed). A replay query that finds the
+// service away (no responders, internal, a reply lost with the connection)
+// is asked again after a pause instead: a service restart does not end
+// the stream.
 func (s *EventStream) Err() error {
 	select {
 	case <-s.done:
@@ -283,12 +287,36 @@ func (f *follower) run(ctx context.Context, status chan nats.Status) error {
 }
 
 // catchUp reads the stored events from pos on and delivers those not seen.
-// Every event received before it starts is among them.
+// Every event received before it starts is among them. A service that is
+// away (restarting: no responders, or internal as it stops) or a reply lost
+// with the connection does not end the stream: the catch-up is asked again
+// after a pause, from where it got to, for as long as the stream lasts.
 func (f *follower) catchUp(ctx context.Context) error {
-	f.epoch = f.c.epoch()
-	for raw, err := range f.c.storedEvents(ctx, f.conv, f.pos) {
-		if err != nil {
+	pause := retryFirst
+	for {
+		err := f.catchUpOnce(ctx)
+		if err == nil || ctx.Err() != nil || !(retryable(err) || errors.Is(err, context.DeadlineExceeded)) {
 			return err
+		}
+		timer := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return context.Cause(ctx)
+		case <-timer.C:
+		}
+		pause = min(2*pause, retryMax)
+	}
+}
+
+func (f *follower) catchUpOnce(ctx context.Context) error {
+	f.epoch = f.c.epoch()
+	// Only the requests end with a reconnect, not a send to the reader.
+	rctx, cancel := f.c.untilReconnect(ctx)
+	defer cancel()
+	for raw, err := range f.c.storedEvents(rctx, f.conv, f.pos) {
+		if err != nil {
+			return reconnected(ctx, rctx, err)
 		}
 		f.pos++
 		ev := decodeEvent(raw)

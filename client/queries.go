@@ -41,6 +41,95 @@ func (c *Client) request(ctx context.Context, verb schema.QueryVerb, conv string
 	return nil
 }
 
+// Pauses between the tries of a request that may succeed when sent again:
+// the first, doubled after each try up to the longest.
+const (
+	retryFirst = 50 * time.Millisecond
+	retryMax   = time.Second
+	// retryLast is the least time a try must have left to be made.
+	retryLast = 100 * time.Millisecond
+)
+
+// errReconnected is the cause of a request cut short because the
+// connection dropped and came back while it was in flight: its reply,
+// if the service sent one, went to the old connection.
+var errReconnected = errors.New("ctxpipe: the connection dropped while the request was in flight")
+
+// retryable reports whether err may go away when the request is sent
+// again: no service answers (one is starting: an embedded NATS server is
+// back before the service subscribes to its queries), the service failed
+// (internal, "retrying may help": a store error, or a graceful stop
+// answering what was pending), or the request was in flight when the
+// connection dropped.
+func retryable(err error) bool {
+	return errors.Is(err, ErrNoService) || errors.Is(err, ErrInternal) || errors.Is(err, errReconnected)
+}
+
+// untilReconnect returns a ctx that is also canceled (cause
+// errReconnected) when the connection comes back after a drop.
+func (c *Client) untilReconnect(ctx context.Context) (context.Context, context.CancelFunc) {
+	status := c.nc.StatusChanged(nats.CONNECTED)
+	rctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case _, ok := <-status:
+			if ok {
+				cancel(errReconnected)
+			}
+		case <-rctx.Done():
+		}
+	}()
+	return rctx, func() {
+		cancel(context.Canceled)
+		c.nc.RemoveStatusListener(status)
+	}
+}
+
+// reconnected returns err marked errReconnected when rctx (from
+// untilReconnect over ctx) ended it because the connection came back.
+func reconnected(ctx, rctx context.Context, err error) error {
+	if err != nil && ctx.Err() == nil && errors.Is(err, context.Canceled) && errors.Is(context.Cause(rctx), errReconnected) {
+		return fmt.Errorf("%w: %w", errReconnected, err)
+	}
+	return err
+}
+
+// retry runs op until it succeeds, fails for good, or ctx leaves no time
+// for another try (the client's timeout from the first try when ctx has
+// no deadline; it then bounds the later tries too), pausing between tries.
+// A try is cut short, and made again, when the connection drops and comes
+// back under it. It returns op's last error (with ctx's when ctx ended
+// during a pause).
+func (c *Client) retry(ctx context.Context, op func(context.Context) error) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(c.timeout)
+	}
+	tctx := ctx
+	pause := retryFirst
+	for {
+		rctx, cancel := c.untilReconnect(tctx)
+		err := reconnected(tctx, rctx, op(rctx))
+		cancel()
+		if err == nil || !retryable(err) || time.Until(deadline) < pause+retryLast {
+			return err
+		}
+		timer := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return fmt.Errorf("%w: %w", context.Cause(ctx), err)
+		case <-timer.C:
+		}
+		if !ok && tctx == ctx {
+			var cancel context.CancelFunc
+			tctx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
+		}
+		pause = min(2*pause, retryMax)
+	}
+}
+
 // Status returns where conv stands against its profile's window: tokens,
 // window, threshold, messages (hidden ones too), condenses, truncations.
 // An unknown conversation is ErrNotFound.
@@ -232,6 +321,10 @@ func (c *Client) waitBudget(ctx context.Context) time.Duration {
 // it. It waits while ctx allows (the client's timeout when ctx has no
 // deadline); past that it fails with ErrTimeout (and, when ctx's deadline
 // ran out before the service answered, context.DeadlineExceeded too).
+// Meanwhile it outlasts a service restart: no responders (ErrNoService),
+// an internal error and a reply lost with the connection are asked again
+// after a short pause, and only end the wait, with ErrTimeout, when ctx
+// has no time left.
 func (c *Client) Wait(ctx context.Context, conv, inputID string) error {
 	if inputID == "" {
 		// The service reads an empty wait_for as "no wait": it would
@@ -240,11 +333,14 @@ func (c *Client) Wait(ctx context.Context, conv, inputID string) error {
 	}
 	start := time.Now()
 	for {
-		// One message is enough to learn the input was applied.
-		_, err := c.history(ctx, schema.HistoryRequest{ConversationID: conv, WaitFor: inputID, Limit: 1})
-		if errors.Is(err, context.DeadlineExceeded) {
+		err := c.retry(ctx, func(ctx context.Context) error {
+			// One message is enough to learn the input was applied.
+			_, err := c.history(ctx, schema.HistoryRequest{ConversationID: conv, WaitFor: inputID, Limit: 1})
+			return err
+		})
+		if errors.Is(err, context.DeadlineExceeded) || (retryable(err) && ctx.Err() == nil) {
 			// The deadline ran out before the service's timeout reply came
-			// back: the same outcome.
+			// back, or while the service was away: the same outcome.
 			return fmt.Errorf("ctxpipe wait for %s: %w after %v: %w", inputID, ErrTimeout, waited(start), err)
 		}
 		if err == nil || !errors.Is(err, ErrTimeout) {

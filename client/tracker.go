@@ -42,9 +42,26 @@ func (c *Client) Track(conv string, opts ...HistoryOption) *Tracker {
 // says that the view changed other than by appends since the previous Read
 // (or that this is the first). The messages must not be modified: the
 // Tracker goes on from them.
+//
+// Like Wait, Read outlasts a service restart: no responders, an internal
+// error and a reply lost with the connection are asked again after a short
+// pause while ctx allows (the client's timeout when ctx has no deadline).
 func (t *Tracker) Read(ctx context.Context, waitFor string) (*schema.HistoryReply, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	var rep *schema.HistoryReply
+	err := t.c.retry(ctx, func(ctx context.Context) (err error) {
+		rep, err = t.read(ctx, waitFor)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+// read is one try of Read, with t.mu held.
+func (t *Tracker) read(ctx context.Context, waitFor string) (*schema.HistoryReply, error) {
 	if t.seq > 0 {
 		rep, err := t.c.history(ctx, schema.HistoryRequest{ConversationID: t.conv, View: t.view, WaitFor: waitFor, After: t.seq})
 		switch {

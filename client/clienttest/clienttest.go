@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -92,6 +93,7 @@ type Service struct {
 	// Store is the service's SQLite store.
 	Store *store.Store
 
+	cfg    config
 	nc     *nats.Conn
 	relay  *store.Relay
 	dir    string
@@ -111,12 +113,48 @@ func Start(ctx context.Context, opts ...Option) (_ *Service, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("clienttest: %w", err)
 	}
-	s := &Service{dir: dir}
+	s := &Service{cfg: c, dir: dir}
 	defer func() {
 		if err != nil {
 			_ = s.Close()
 		}
 	}()
+	if c.conn == nil {
+		if err := s.startNATS(-1); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.start(ctx, nil); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// startNATS starts the embedded server on port (-1: any free one), with
+// its JetStream store in the service's directory.
+func (s *Service) startNATS(port int) (err error) {
+	s.NATS, err = server.NewServer(&server.Options{
+		ServerName: "clienttest", Host: "127.0.0.1", Port: port,
+		JetStream: true, StoreDir: filepath.Join(s.dir, "jetstream"),
+		MaxPayload: s.cfg.maxPayload, NoLog: true, NoSigs: true,
+	})
+	if err != nil {
+		return fmt.Errorf("clienttest: nats server: %w", err)
+	}
+	go s.NATS.Start()
+	// Readiness is not a timed assertion: 30 s only bounds a broken start.
+	if !s.NATS.ReadyForConnections(30 * time.Second) {
+		return errors.New("clienttest: nats server not ready for connections")
+	}
+	s.URL = s.NATS.ClientURL()
+	return nil
+}
+
+// start runs the service against the server, on the store in its
+// directory. whileDown, if not nil, runs once the service is connected
+// but before it answers queries or consumes inputs.
+func (s *Service) start(ctx context.Context, whileDown func()) (err error) {
+	c := s.cfg
 	if c.conn != nil {
 		cfg := *c.conn
 		if cfg.Name == "" {
@@ -127,36 +165,20 @@ func Start(ctx context.Context, opts ...Option) (_ *Service, err error) {
 		}
 		s.URL = cfg.URL
 		if s.nc, err = bus.Connect(cfg); err != nil {
-			return nil, fmt.Errorf("clienttest: %w", err)
+			return fmt.Errorf("clienttest: %w", err)
 		}
-	} else {
-		s.NATS, err = server.NewServer(&server.Options{
-			ServerName: "clienttest", Host: "127.0.0.1", Port: -1,
-			JetStream: true, StoreDir: filepath.Join(dir, "jetstream"),
-			MaxPayload: c.maxPayload, NoLog: true, NoSigs: true,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("clienttest: nats server: %w", err)
-		}
-		go s.NATS.Start()
-		// Readiness is not a timed assertion: 30 s only bounds a broken start.
-		if !s.NATS.ReadyForConnections(30 * time.Second) {
-			return nil, errors.New("clienttest: nats server not ready for connections")
-		}
-		s.URL = s.NATS.ClientURL()
-		if s.nc, err = nats.Connect(s.URL, nats.Name("clienttest-service"), nats.MaxReconnects(-1)); err != nil {
-			return nil, fmt.Errorf("clienttest: connect: %w", err)
-		}
+	} else if s.nc, err = nats.Connect(s.URL, nats.Name("clienttest-service"), nats.MaxReconnects(-1)); err != nil {
+		return fmt.Errorf("clienttest: connect: %w", err)
 	}
 	js, err := jetstream.New(s.nc)
 	if err != nil {
-		return nil, fmt.Errorf("clienttest: %w", err)
+		return fmt.Errorf("clienttest: %w", err)
 	}
 	if err := bus.EnsureStreams(ctx, js); err != nil {
-		return nil, fmt.Errorf("clienttest: %w", err)
+		return fmt.Errorf("clienttest: %w", err)
 	}
-	if s.Store, err = store.Open(ctx, filepath.Join(dir, "ctxpipe.db")); err != nil {
-		return nil, fmt.Errorf("clienttest: %w", err)
+	if s.Store, err = store.Open(ctx, filepath.Join(s.dir, "ctxpipe.db")); err != nil {
+		return fmt.Errorf("clienttest: %w", err)
 	}
 	summarizer := c.summarizer
 	if summarizer == nil {
@@ -172,23 +194,49 @@ func Start(ctx context.Context, opts ...Option) (_ *Service, err error) {
 		Relay: s.relay, Log: c.log, Metrics: pipeline.NewMetrics(),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("clienttest: %w", err)
+		return fmt.Errorf("clienttest: %w", err)
+	}
+	if whileDown != nil {
+		whileDown()
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
 	if s.stopQ, err = r.ServeQueries(runCtx, s.nc); err != nil {
-		return nil, fmt.Errorf("clienttest: serve queries: %w", err)
+		return fmt.Errorf("clienttest: serve queries: %w", err)
 	}
 	// The responders' subscriptions must be at the server before Start
 	// returns, or a first query may find no responders.
 	if err := s.nc.FlushTimeout(30 * time.Second); err != nil {
-		return nil, fmt.Errorf("clienttest: %w", err)
+		return fmt.Errorf("clienttest: %w", err)
 	}
 	relayDone, runDone := make(chan error, 1), make(chan error, 1)
 	s.done = []chan error{runDone, relayDone}
 	go func() { relayDone <- s.relay.Run(runCtx) }()
 	go func() { runDone <- r.Run(runCtx) }()
-	return s, nil
+	return nil
+}
+
+// Restart stops the service as a graceful shutdown does (queries still
+// waiting are answered internal, then the embedded server shuts down) and
+// starts it again on the same store, streams and port, so that clients
+// reconnect to it. whileDown, if not nil, runs once the server is back
+// but before the service answers queries or consumes inputs: the moment
+// in which an embedded deployment's clients reconnect and find no
+// responders. With WithConn only the service restarts.
+func (s *Service) Restart(ctx context.Context, whileDown func()) error {
+	port := -1
+	if s.NATS != nil {
+		port = s.NATS.Addr().(*net.TCPAddr).Port
+	}
+	if err := s.stop(); err != nil {
+		return err
+	}
+	if s.cfg.conn == nil {
+		if err := s.startNATS(port); err != nil {
+			return err
+		}
+	}
+	return s.start(ctx, whileDown)
 }
 
 // New starts a service for t and stops it when t ends.
@@ -213,6 +261,16 @@ func (s *Service) Flush(ctx context.Context) error { return s.relay.Flush(ctx) }
 // Close stops the service and removes its directory. It may be called more
 // than once.
 func (s *Service) Close() error {
+	err := s.stop()
+	if s.dir != "" {
+		err = errors.Join(err, os.RemoveAll(s.dir))
+		s.dir = ""
+	}
+	return err
+}
+
+// stop stops the service and the embedded server, keeping the directory.
+func (s *Service) stop() error {
 	var errs []error
 	if s.cancel != nil {
 		s.cancel()
@@ -239,10 +297,6 @@ func (s *Service) Close() error {
 		s.NATS.Shutdown()
 		s.NATS.WaitForShutdown()
 		s.NATS = nil
-	}
-	if s.dir != "" {
-		errs = append(errs, os.RemoveAll(s.dir))
-		s.dir = ""
 	}
 	return errors.Join(errs...)
 }
