@@ -31,6 +31,13 @@ type Config struct {
 	RetryBudget time.Duration
 	// MaxInputBytes rejects larger payloads (too_large).
 	MaxInputBytes int
+	// MaxQueryReads bounds the queries reading the store at once, and
+	// MaxQueryWaits the wait_for waits pending; one tenant (the token of
+	// ctx.q.<tenant>.<verb>; the service's own account is one too) may hold
+	// at most a quarter of the queries in flight, so that no tenant's flood
+	// answers every other tenant "too many".
+	MaxQueryReads int
+	MaxQueryWaits int
 	// MaxHeldBytes bounds the payload bytes fetched and not yet acked; past
 	// it the runner stops fetching until workers catch up.
 	MaxHeldBytes int
@@ -75,6 +82,8 @@ func DefaultConfig() Config {
 		RetryBudget:     2 * time.Minute,
 		MaxInputBytes:   4 << 20,
 		MaxHeldBytes:    256 << 20,
+		MaxQueryReads:   256,
+		MaxQueryWaits:   65536,
 		ShutdownTimeout: 20 * time.Second,
 		PullExpiry:      time.Second,
 		PinnedTTL:       3 * time.Second,
@@ -99,6 +108,8 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.RetryBudget, d.RetryBudget)
 	orDefault(&c.MaxInputBytes, d.MaxInputBytes)
 	orDefault(&c.MaxHeldBytes, d.MaxHeldBytes)
+	orDefault(&c.MaxQueryReads, d.MaxQueryReads)
+	orDefault(&c.MaxQueryWaits, d.MaxQueryWaits)
 	orDefault(&c.ShutdownTimeout, d.ShutdownTimeout)
 	orDefault(&c.PullExpiry, d.PullExpiry)
 	orDefault(&c.PinnedTTL, d.PinnedTTL)

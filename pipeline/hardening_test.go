@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"errors"
 	"log/slog"
 	"slices"
@@ -602,5 +603,47 @@ func TestLineSeparatorsDoNotDoubleATurn(t *testing.T) {
 	full := h.history(conv, schema.ViewFull, next.ID)
 	if len(full) != 2 || full[0].Content.Text != big.Content.Text {
 		t.Fatalf("history of %d messages", len(full))
+	}
+}
+
+// One tenant's flood of waits may hold only its share of the queries in
+// flight: the others' queries are still answered (outside campaign M3).
+// The bounds are small here: 4 reads and 40 waits, 11 queries per tenant.
+func TestOneTenantsWaitFloodLeavesTheOthersRoom(t *testing.T) {
+	h := startWith(t, pipeline.Config{Lanes: 4, AckWait: 5 * time.Second, MaxDeliver: 5, RetryBudget: time.Second,
+		MaxQueryReads: 4, MaxQueryWaits: 40})
+	acme := schema.QuerySubject("acme", schema.VerbHistory)
+	sub, err := h.nc.SubscribeSync(h.nc.NewRespInbox() + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inbox := sub.Subject[:len(sub.Subject)-2]
+	for i := range 60 {
+		req, _ := json.Marshal(schema.HistoryRequest{ConversationID: "busy", WaitFor: uuid.NewString(), TimeoutMS: 30_000})
+		if err := h.nc.PublishRequest(acme, fmt.Sprintf("%s.%d", inbox, i), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refused := 0
+	for {
+		msg, err := sub.NextMsg(2 * time.Second)
+		if err != nil {
+			break // the rest are waiting
+		}
+		if strings.Contains(string(msg.Data), "from this tenant") {
+			refused++
+		}
+	}
+	if refused != 60-11 {
+		t.Fatalf("%d of acme's 60 waits refused, want %d (its share is 11)", refused, 60-11)
+	}
+	req, _ := json.Marshal(schema.StatusRequest{ConversationID: "nobody"})
+	msg, err := h.nc.Request(schema.QuerySubject("globex", schema.VerbStatus), req, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var qe schema.QueryError
+	if json.Unmarshal(msg.Data, &qe) != nil || qe.Error.Code != schema.QueryNotFound {
+		t.Fatalf("globex's status with acme's flood pending: %s", msg.Data)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -31,12 +32,16 @@ const defaultWait = 10 * time.Second
 // number of pending waits never delays a status or history read (the waits
 // themselves are capped at maxWaits). The returned func unsubscribes.
 func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error, error) {
-	const maxConcurrent, maxWaits = 256, 65536
+	maxConcurrent, maxWaits := r.cfg.MaxQueryReads, r.cfg.MaxQueryWaits
 	reads := make(chan struct{}, maxConcurrent)
 	waits := make(chan struct{}, maxWaits)
 	// Every query in flight, waiting or reading: a flood beyond it is
 	// answered at once instead of piling up goroutines.
 	inflight := make(chan struct{}, maxConcurrent+maxWaits)
+	// A quarter of that per tenant: one tenant holding every slot (65,536
+	// waits of a minute each) would have every other tenant's queries
+	// refused (outside campaign M3).
+	shares := newTenantShares(max((maxConcurrent+maxWaits)/4, 1))
 	r.maxReply = int(nc.MaxPayload())
 	serve := func(h func(context.Context, []byte) []byte) nats.MsgHandler {
 		return func(m *nats.Msg) {
@@ -55,15 +60,21 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 				_ = m.Respond(schema.MarshalQueryError(schema.QueryBadRequest, "no such tenant"))
 				return
 			}
+			if !shares.take(tenant) {
+				r.Metrics.Inc("ctxpipe_queries_refused_total", "")
+				_ = m.Respond(schema.MarshalQueryError(schema.QueryTimeout, "too many queries in flight from this tenant; retry"))
+				return
+			}
 			select {
 			case inflight <- struct{}{}:
 			default:
+				shares.give(tenant)
 				r.Metrics.Inc("ctxpipe_queries_refused_total", "")
 				_ = m.Respond(schema.MarshalQueryError(schema.QueryTimeout, "too many queries in flight; retry"))
 				return
 			}
 			go func() {
-				defer func() { <-inflight }()
+				defer func() { <-inflight; shares.give(tenant) }()
 				qctx := withQuerySlots(ctx, reads, waits)
 				if tenant != "" {
 					qctx = context.WithValue(qctx, tenantKey{}, tenant)
@@ -144,6 +155,35 @@ func SafeReply(subject string) bool {
 	}
 	// _INBOX.x or _INBOX_<name>.x: the prefix itself holds no dot or wildcard.
 	return !strings.ContainsAny(subject, "*> \t")
+}
+
+// tenantShares counts each tenant's queries in flight against a bound.
+type tenantShares struct {
+	mu    sync.Mutex
+	bound int
+	n     map[string]int
+}
+
+func newTenantShares(bound int) *tenantShares {
+	return &tenantShares{bound: bound, n: map[string]int{}}
+}
+
+func (s *tenantShares) take(tenant string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n[tenant] >= s.bound {
+		return false
+	}
+	s.n[tenant]++
+	return true
+}
+
+func (s *tenantShares) give(tenant string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n[tenant]--; s.n[tenant] <= 0 {
+		delete(s.n, tenant)
+	}
 }
 
 // querySlots bounds what queries hold: store reads and pending waits.
