@@ -3,8 +3,8 @@ package pipeline_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sort"
