@@ -6,10 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/ctxpipe/ctxpipe/client"
-	"github.com/ctxpipe/ctxpipe/client/clienttest"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
@@ -73,18 +70,9 @@ func TestEventsOfAConversationNamedLikeATenant(t *testing.T) {
 // and new live events queue up behind the reconnect; the events published
 // while it was down must still come first, each once, in commit order.
 func TestEventsSlowReaderAcrossReconnects(t *testing.T) {
-	svc := clienttest.New(t)
+	rig := newCutRig(t, 20*time.Millisecond)
+	svc, writer, reader, nc, proxy := rig.svc, rig.writer, rig.reader, rig.nc, rig.proxy
 	ctx := t.Context()
-	writer, err := client.New(natstest.Connect(t, svc.URL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newCutter(t, svc.URL)
-	nc := natstest.Connect(t, proxy.url(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
-	reader, err := client.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const conv = "slow-reader"
 	// reject publishes n bad turns and waits until their events are
 	// published; it returns the last one's id.

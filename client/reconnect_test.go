@@ -28,6 +28,32 @@ type cutter struct {
 	conns  []net.Conn
 }
 
+// cutRig is the service, a client connected to it directly (the writer)
+// and one connected through a cutter (the reader, reconnecting every wait
+// while the cutter lets it).
+type cutRig struct {
+	svc            *clienttest.Service
+	writer, reader *client.Client
+	nc             *nats.Conn // the reader's
+	proxy          *cutter
+}
+
+func newCutRig(t *testing.T, wait time.Duration) cutRig {
+	t.Helper()
+	svc := clienttest.New(t)
+	writer, err := client.New(natstest.Connect(t, svc.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newCutter(t, svc.URL)
+	nc := natstest.Connect(t, proxy.url(), nats.MaxReconnects(-1), nats.ReconnectWait(wait))
+	reader, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cutRig{svc: svc, writer: writer, reader: reader, nc: nc, proxy: proxy}
+}
+
 func newCutter(t *testing.T, natsURL string) *cutter {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -87,18 +113,9 @@ func (p *cutter) restore() {
 // Events published while a replaying stream's connection is down are read
 // back from the service once it is up again: no gap, no duplicate.
 func TestEventsReadBackAfterReconnect(t *testing.T) {
-	svc := clienttest.New(t)
+	rig := newCutRig(t, 50*time.Millisecond)
+	svc, writer, reader, nc, proxy := rig.svc, rig.writer, rig.reader, rig.nc, rig.proxy
 	ctx := t.Context()
-	writer, err := client.New(natstest.Connect(t, svc.URL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newCutter(t, svc.URL)
-	nc := natstest.Connect(t, proxy.url(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	reader, err := client.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const conv = "reconnect"
 	s, err := reader.Events(ctx, conv, client.Replay(0))
 	if err != nil {

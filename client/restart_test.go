@@ -146,18 +146,9 @@ func TestEventsAcrossServiceRestarts(t *testing.T) {
 // down (the reply is lost with it) is asked again once the connection is
 // back, rather than left hanging until its deadline.
 func TestWaitWhoseReplyWasLostWithTheConnection(t *testing.T) {
-	svc := clienttest.New(t)
+	rig := newCutRig(t, 20*time.Millisecond)
+	writer, c, proxy := rig.writer, rig.reader, rig.proxy
 	ctx := t.Context()
-	writer, err := client.New(natstest.Connect(t, svc.URL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newCutter(t, svc.URL)
-	nc := natstest.Connect(t, proxy.url(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
-	c, err := client.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const conv = "lost-reply"
 	tracker := c.Track(conv)
 	first := appendTurns(ctx, writer, conv, 1)
