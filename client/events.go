@@ -290,12 +290,14 @@ func (f *follower) run(ctx context.Context, status chan nats.Status) error {
 // Every event received before it starts is among them. A service that is
 // away (restarting: no responders, or internal as it stops) or a reply lost
 // with the connection does not end the stream: the catch-up is asked again
-// after a pause, from where it got to, for as long as the stream lasts.
+// after a pause, from where it got to, for as long as the stream lasts. So
+// is a busy service: ctx.q.events holds no wait, so its timeout answer means
+// too many queries in flight ("retry").
 func (f *follower) catchUp(ctx context.Context) error {
 	pause := retryFirst
 	for {
 		err := f.catchUpOnce(ctx)
-		if err == nil || ctx.Err() != nil || !(retryable(err) || errors.Is(err, context.DeadlineExceeded)) {
+		if err == nil || ctx.Err() != nil || !(retryable(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrTimeout)) {
 			return err
 		}
 		timer := time.NewTimer(pause)

@@ -332,7 +332,9 @@ func (c *Client) Wait(ctx context.Context, conv, inputID string) error {
 		return fmt.Errorf("ctxpipe wait in %s: %w: an input id is required", conv, ErrBadRequest)
 	}
 	start := time.Now()
+	pause := retryFirst
 	for {
+		asked := time.Now()
 		err := c.retry(ctx, func(ctx context.Context) error {
 			// One message is enough to learn the input was applied.
 			_, err := c.history(ctx, schema.HistoryRequest{ConversationID: conv, WaitFor: inputID, Limit: 1})
@@ -348,10 +350,27 @@ func (c *Client) Wait(ctx context.Context, conv, inputID string) error {
 		}
 		// The service caps one wait at schema.MaxQueryTimeout: ask again
 		// while ctx has time left.
-		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) < 100*time.Millisecond {
+		dl, ok := ctx.Deadline()
+		if !ok || time.Until(dl) < 100*time.Millisecond {
 			// The service's message names its own last wait only.
 			return fmt.Errorf("ctxpipe wait for %s: %v in all: %w", inputID, waited(start), err)
 		}
+		if time.Since(asked) >= time.Second {
+			pause = retryFirst
+			continue
+		}
+		// A timeout answered at once is the service refusing to wait (too
+		// many waits pending, or this tenant's share of queries in flight):
+		// asked again at once, thousands of times a second, it would only
+		// add to the load. Pause, longer each time.
+		timer := time.NewTimer(min(pause, time.Until(dl)-100*time.Millisecond))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return fmt.Errorf("ctxpipe wait for %s: %v in all: %w", inputID, waited(start), err)
+		case <-timer.C:
+		}
+		pause = min(2*pause, retryMax)
 	}
 }
 

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -176,5 +177,54 @@ func TestWaitWhoseReplyWasLostWithTheConnection(t *testing.T) {
 		if err := <-ch; err != nil {
 			t.Errorf("%s: %v after %v", name, err, time.Since(start))
 		}
+	}
+}
+
+// A service that refuses at once ("timeout: too many queries in flight from
+// this tenant; retry", its answer to a tenant over its share) is asked again
+// after a pause, not thousands of times a second, and an events stream goes
+// on rather than ending (outside campaign C, F1).
+func TestBusyServiceIsNotHammered(t *testing.T) {
+	_, url := natstest.Run(t)
+	srv := natstest.Connect(t, url)
+	var history, events atomic.Int64
+	refuse := func(n *atomic.Int64) nats.MsgHandler {
+		return func(m *nats.Msg) {
+			n.Add(1)
+			_ = m.Respond([]byte(`{"error":{"code":"timeout","message":"too many queries in flight from this tenant; retry"}}`))
+		}
+	}
+	if _, err := srv.QueueSubscribe(schema.SubjectHistory, "ctxpipe", refuse(&history)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.QueueSubscribe(schema.SubjectEvents, "ctxpipe", refuse(&events)); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(natstest.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	if err := c.Wait(ctx, "busy", uuid.NewString()); !errors.Is(err, client.ErrTimeout) {
+		t.Fatalf("Wait on a busy service: %v, want ErrTimeout", err)
+	}
+	if n := history.Load(); n > 30 {
+		t.Fatalf("one 2 s Wait asked a busy service %d times", n)
+	}
+	s, err := c.Events(t.Context(), "busy", client.Replay(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	time.Sleep(time.Second)
+	if err := s.Err(); err != nil {
+		t.Fatalf("the events stream ended on a busy service: %v", err)
+	}
+	if n := events.Load(); n < 2 || n > 30 {
+		t.Fatalf("the events catch-up asked %d times in a second", n)
 	}
 }
