@@ -116,7 +116,9 @@ func (o *OpenAI) attempt(ctx context.Context, client *openai.Client, ep Endpoint
 	if len(resp.Choices) == 0 {
 		return schema.Summary{}, fmt.Errorf("%w: no choices in the reply", ErrBadResponse)
 	}
-	model := resp.Model
+	// The provider names its model: a broken or hostile endpoint could name
+	// one of megabytes, and it goes into the condense events.
+	model := schema.Clip(resp.Model, maxModelBytes)
 	if model == "" {
 		model = chat.Model
 	}
@@ -134,6 +136,9 @@ func (o *OpenAI) attempt(ctx context.Context, client *openai.Client, ep Endpoint
 	}
 	return sum, nil
 }
+
+// maxModelBytes bounds the model name a reply reports.
+const maxModelBytes = 256
 
 // classify maps a go-openai error onto our error classes.
 func classify(err error, h http.Header) error {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,6 +94,22 @@ func TestSummarizeModelFallback(t *testing.T) {
 	}
 	if sum.Model != "llama3" || sum.Cost != 0 {
 		t.Errorf("summary = %+v, want the requested model and no cost", sum)
+	}
+}
+
+// A reply naming a model of megabytes (a broken or hostile endpoint) is
+// cut: the name goes into events, which must stay small enough to publish
+// and to read back (outside campaign C, F4).
+func TestSummarizeModelNameBounded(t *testing.T) {
+	srv := openaitest.New(t)
+	srv.Enqueue(openaitest.Reply{Text: "ok", Model: strings.Repeat("m", 1<<20)})
+	o, _ := newTestOpenAI(Config{BaseURL: srv.URL(), Model: "llama3"})
+	sum, err := o.Summarize(context.Background(), simpleRequest(schema.Profile{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sum.Model) > maxModelBytes || !strings.HasPrefix(sum.Model, "mmm") {
+		t.Errorf("model name of %d bytes", len(sum.Model))
 	}
 }
 
