@@ -292,7 +292,7 @@ func (m *Main) Run(ctx context.Context) error {
 		n, err := m.relay.Pending(ctx)
 		return float64(n), err
 	})
-	m.metrics.Gauge("ctxpipe_outbox_skipped", "Events the relay gave up on since start because they can never be published (larger than the server or CTX_EVENTS takes); they stay readable through ctx.q.events.", func(context.Context) (float64, error) {
+	m.metrics.Gauge("ctxpipe_outbox_skipped", "Events the relay gave up on since start because they can never be published (larger than the server or CTX_EVENTS takes); they stay stored.", func(context.Context) (float64, error) {
 		return float64(m.relay.Skipped()), nil
 	})
 	m.metrics.Gauge("ctxpipe_inputs_held", "Inputs fetched and not yet acked (queued for their conversation or being applied).", func(context.Context) (float64, error) {
