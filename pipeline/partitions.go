@@ -523,7 +523,15 @@ func newFollower(r *Runner) *follower {
 func (f *follower) run(ctx context.Context) {
 	defer close(f.out)
 	backoff := newBackoff(250*time.Millisecond, 2*time.Second)
+	// A retry (the committer could not apply what was read) restarts the
+	// run after a pause, doubling from 50 ms to 2 s while runs keep ending
+	// within seconds: the store is failing then (a full disk), and
+	// restarting at once made 150 runs a second, each a new ordered
+	// consumer on CTX_STATE, up to the server's consumer limit (outside
+	// campaign C, F3).
+	restarts := newBackoff(50*time.Millisecond, 2*time.Second)
 	for ctx.Err() == nil {
+		started := time.Now()
 		fctx, cancel := context.WithCancel(ctx)
 		f.mu.Lock()
 		f.cancel = cancel
@@ -551,6 +559,15 @@ func (f *follower) run(ctx context.Context) {
 			return
 		}
 		if restarted {
+			if time.Since(started) > 5*time.Second {
+				restarts.reset()
+				continue
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(restarts.next()):
+			}
 			continue
 		}
 		wait := backoff.next()
