@@ -6,8 +6,8 @@ import (
 	"errors"
 	"math"
 	"net/http"
-	"sync"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
