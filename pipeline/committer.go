@@ -592,6 +592,7 @@ func (r *Runner) finish(rd *round, commits *chan *commitReq) (next *round) {
 	for p, seq := range positions {
 		r.log.setApplied(p, seq)
 	}
+	r.storeWorks()
 	r.Metrics.Inc("ctxpipe_commits_total", "")
 	r.Metrics.Observe("ctxpipe_commit_seconds", "", time.Since(rd.t0))
 	// The phases add up to the committer's time on the round: the SQL,
@@ -638,6 +639,7 @@ func anyEvents(entries []store.Entry) bool {
 // in SQLite.
 func (r *Runner) failRound(batches []*partitionBatch, err error) {
 	r.Log.Error("a commit round failed; the follower will apply what reached the changelog", "err", err)
+	r.storeFailing(err)
 	r.follower.retry()
 	for _, b := range batches {
 		for _, q := range b.reqs {
@@ -813,6 +815,7 @@ func (r *Runner) applyFollowed(items []changelog.Item) (retried bool) {
 		}
 		if err != nil {
 			r.Log.Error("applying the changelog failed; retrying", "err", err)
+			r.storeFailing(err)
 			r.follower.retry()
 			return true
 		}

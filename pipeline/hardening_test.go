@@ -647,3 +647,33 @@ func TestOneTenantsWaitFloodLeavesTheOthersRoom(t *testing.T) {
 		t.Fatalf("globex's status with acme's flood pending: %s", msg.Data)
 	}
 }
+
+// A store that cannot commit (here closed under the runner; in the campaign a
+// full disk) makes the instance not ready, saying why, instead of staying
+// ready while nothing commits (outside campaign C, F3).
+func TestStoreThatCannotCommitIsNotReady(t *testing.T) {
+	// A short shutdown: the runner ends still holding the input it cannot
+	// commit.
+	h := startWith(t, pipeline.Config{Lanes: 4, AckWait: 5 * time.Second, MaxDeliver: 5, RetryBudget: time.Second,
+		ShutdownTimeout: time.Second})
+	first := h.turn("ready", schema.RoleUser, 10)
+	h.history("ready", schema.ViewFull, first.ID)
+	if ok, why := h.runner.Ready(); !ok {
+		t.Fatalf("not ready before: %s", why)
+	}
+	if err := h.store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h.turn("ready", schema.RoleAssistant, 10)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ok, why := h.runner.Ready()
+		if !ok && strings.Contains(why, "the store cannot commit") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still ready (%v, %q) 10 s after the store stopped committing", ok, why)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -45,6 +45,11 @@ type Runner struct {
 	// from CTX_STATE (UnixNano; 0: never): nothing can be committed until an
 	// operator restores the stream, and /readyz says so.
 	logLost atomic.Int64
+	// storeFailed is when a commit round last failed as a whole (UnixNano;
+	// 0: since the last success), and storeErr why: SQLite cannot write (a
+	// full disk, a broken file), nothing commits, and /readyz says so.
+	storeFailed atomic.Int64
+	storeErr    atomic.Value // string
 	// maxReply is the connection's max payload: a query reply must fit.
 	maxReply int
 
@@ -233,8 +238,21 @@ func (r *Runner) Ready() (bool, string) {
 	if t := r.logLost.Load(); t != 0 && now.Sub(time.Unix(0, t)) < 3*r.cfg.ProbeInterval {
 		return false, "the changelog lost records this store applied (CTX_STATE purged or recreated?): nothing can be committed until it is restored (operations.md 4.2)"
 	}
+	if t := r.storeFailed.Load(); t != 0 && now.Sub(time.Unix(0, t)) < 3*r.cfg.ProbeInterval {
+		why, _ := r.storeErr.Load().(string)
+		return false, "the store cannot commit: " + why
+	}
 	return r.health.ready(now, 3*r.cfg.ProbeInterval)
 }
+
+// storeFailing records that a commit failed as a whole; storeWorks that
+// one succeeded.
+func (r *Runner) storeFailing(err error) {
+	r.storeErr.Store(err.Error())
+	r.storeFailed.Store(time.Now().UnixNano())
+}
+
+func (r *Runner) storeWorks() { r.storeFailed.Store(0) }
 
 // hold registers a fetched input. The scheduler never blocks the
 // dispatcher, so this is where memory is bounded: past MaxHeldBytes the
