@@ -47,6 +47,13 @@ type Cluster struct {
 func RunCluster(t testing.TB) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, name: "ctxpipe-test"}
+	// The store directories are made before the shutdown is registered:
+	// cleanups run last-registered first, and a directory removed while its
+	// node still writes fails the test ("directory not empty").
+	dirs := make([]string, ClusterSize)
+	for i := range dirs {
+		dirs[i] = t.TempDir()
+	}
 	t.Cleanup(c.shutdownAll)
 	for range ClusterSize {
 		cp, err := newProxy(false)
@@ -69,7 +76,7 @@ func RunCluster(t testing.TB) *Cluster {
 			// Clients and the other nodes learn the proxies' addresses.
 			ClientAdvertise: c.clients[i].addr(),
 			JetStream:       true,
-			StoreDir:        t.TempDir(),
+			StoreDir:        dirs[i],
 			MaxPayload:      MaxPayload,
 			NoLog:           true,
 			NoSigs:          true,
