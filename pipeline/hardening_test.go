@@ -600,7 +600,19 @@ func TestLineSeparatorsDoNotDoubleATurn(t *testing.T) {
 	next := schema.Turn{ID: uuid.NewString(), ConversationID: conv, TS: h.nextTS(), Role: schema.RoleAssistant,
 		Content: schema.TextContent("ok")}
 	h.publish(schema.InputSubject(conv, schema.KindTurn), next.ID, next)
-	full := h.history(conv, schema.ViewFull, next.ID)
+	// Counting 1.4 million characters takes seconds under the race
+	// detector: the wait is asked again while it only timed out.
+	var full []schema.Message
+	for start := time.Now(); ; {
+		rep, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, View: schema.ViewFull, WaitFor: next.ID})
+		if qe == nil {
+			full = rep.Messages
+			break
+		}
+		if qe.Code != schema.QueryTimeout || time.Since(start) > 2*time.Minute {
+			t.Fatalf("history: %s: %s", qe.Code, qe.Message)
+		}
+	}
 	if len(full) != 2 || full[0].Content.Text != big.Content.Text {
 		t.Fatalf("history of %d messages", len(full))
 	}
