@@ -145,8 +145,10 @@ func (s *Store) InputStatusIn(ctx context.Context, conv, id string) (status Stat
 // and only its input_rejected event names the id the agent sent.
 func (s *Store) reusedIDStatus(ctx context.Context, conv, id string) (Status, string, bool, error) {
 	var body []byte
-	err := s.r.QueryRowContext(ctx, `SELECT body FROM events WHERE conversation_id = ? AND type = ? AND input_id IN (?, ?) LIMIT 1`,
-		conv, string(schema.EventInputRejected), id, legacyForm(id)).Scan(&body)
+	// The type is written out, so that the partial index
+	// events_rejected_inputs serves the lookup.
+	err := s.r.QueryRowContext(ctx, `SELECT body FROM events WHERE conversation_id = ? AND type = 'input_rejected' AND input_id IN (?, ?) LIMIT 1`,
+		conv, id, legacyForm(id)).Scan(&body)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", "", false, nil
 	}
