@@ -46,6 +46,7 @@ bench:
 	$(GO) test -run '^$$' -bench 'StalledConversation' -benchtime 1x -count=1 ./pipeline/
 	$(GO) test -run '^$$' -bench 'HistoryLength' -benchtime 300x -count=1 ./pipeline/
 	$(GO) test -run '^$$' -bench 'ServiceRSS' -benchtime 1x -count=1 -timeout 20m ./cmd/consumer/
+	$(GO) test -run '^$$' -bench 'Ingest' -benchtime 1x -count=3 ./cmd/consumer/
 	$(GO) test -run '^$$' -bench 'EndToEnd' -benchtime 1x -count=1 ./cmd/publisher/
 	$(GO) test -run '^$$' -bench 'Rebuild' -benchtime 3x -count=1 ./pipeline/
 
