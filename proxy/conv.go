@@ -1,0 +1,220 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ctxpipe/ctxpipe/client"
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// maxConvs bounds the conversations whose state the proxy holds; past it
+// the state of others is dropped (it is read again from ctxpipe).
+const maxConvs = 10000
+
+// maxForks bounds how many continuations of one conversation a request
+// may walk through.
+const maxForks = 64
+
+// conv is the proxy's state of one conversation: readers of its full and
+// effective views that ask only for what changed, the system prompt last
+// published, and the last turn published, which a read waits for.
+type conv struct {
+	mu        sync.Mutex
+	id        string
+	full, eff *client.Tracker
+	system    string
+	sysKnown  bool
+	lastTS    int64
+	pending   string
+}
+
+// conv returns the state of conversation id, making it when needed.
+func (p *Proxy) conv(id string) *conv {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cv, ok := p.convs[id]; ok {
+		return cv
+	}
+	if len(p.convs) >= maxConvs {
+		for k := range p.convs {
+			delete(p.convs, k)
+			if len(p.convs) < maxConvs/2 {
+				break
+			}
+		}
+	}
+	cv := &conv{id: id, full: p.c.Track(id, client.View(schema.ViewFull)), eff: p.c.Track(id)}
+	p.convs[id] = cv
+	return cv
+}
+
+// recorded is what a conversation holds of the agent's turns: their ids in
+// order and their tokens (summaries, markers and stand-ins left out).
+type recorded struct {
+	ids    []string
+	tokens int
+}
+
+// read returns the recorded turns of cv (none for a conversation that does
+// not exist yet), once the last turn the proxy published is applied.
+// cv.mu is held.
+func (cv *conv) read(ctx context.Context) (recorded, error) {
+	h, err := cv.full.Read(ctx, cv.pending)
+	if errors.Is(err, client.ErrRejected) && cv.pending != "" {
+		// The reply recorded last was refused: what matters is what the
+		// conversation holds.
+		cv.pending = ""
+		h, err = cv.full.Read(ctx, "")
+	}
+	if errors.Is(err, client.ErrNotFound) {
+		return recorded{}, nil
+	}
+	if err != nil {
+		return recorded{}, err
+	}
+	cv.pending = ""
+	var r recorded
+	for i := range h.Messages {
+		m := &h.Messages[i]
+		if m.Synthetic() {
+			continue
+		}
+		r.ids = append(r.ids, m.ID)
+		r.tokens += m.Tokens
+		if m.SystemPrompt != "" && !cv.sysKnown {
+			cv.system = m.SystemPrompt
+		}
+	}
+	cv.sysKnown = true
+	return r, nil
+}
+
+// nextTS is a timestamp for the next turn of cv: now, but after the last.
+func (cv *conv) nextTS() int64 {
+	ts := time.Now().UnixMilli()
+	if ts <= cv.lastTS {
+		ts = cv.lastTS + 1
+	}
+	cv.lastTS = ts
+	return ts
+}
+
+// located is the conversation a request continues and how.
+type located struct {
+	cv  *conv
+	ids []string // the request's turn ids in cv
+	rec recorded
+	v   verdict
+	at  int
+	// forkedFrom is the conversation whose history the request stopped
+	// extending ("" when none).
+	forkedFrom string
+	forkedAt   int
+}
+
+// ids are the turn ids the request's turns have in conversation conv.
+func (p *Proxy) ids(conv string, req *request) []string {
+	out := make([]string, len(req.turns))
+	for i := range req.turns {
+		out[i] = turnID(p.cfg.Secret, conv, i, req.turns[i].canon)
+	}
+	return out
+}
+
+// locate finds the conversation a request continues, and returns it
+// locked. A request whose first turn is not the first turn recorded for
+// its key is another thread of the session (a side request, or a history
+// the client restarted) and has a conversation of its own, named after
+// that turn. A request that stops extending its conversation's history
+// later on continues in the next conversation of its line (conv-f1,
+// conv-f2, ...): the first one it extends, or a new one.
+func (p *Proxy) locate(ctx context.Context, key Key, req *request) (*located, error) {
+	thread := key.Conversation()
+	cv := p.conv(thread)
+	cv.mu.Lock()
+	rec, err := cv.read(ctx)
+	if err != nil {
+		cv.mu.Unlock()
+		return nil, err
+	}
+	if len(rec.ids) > 0 && len(req.turns) > 0 && rec.ids[0] != turnID(p.cfg.Secret, thread, 0, req.turns[0].canon) {
+		sum := sha256.Sum256(req.turns[0].canon)
+		thread = fitID(thread + "__t" + hex.EncodeToString(sum[:8]))
+		cv.mu.Unlock()
+		cv = p.conv(thread)
+		cv.mu.Lock()
+		if rec, err = cv.read(ctx); err != nil {
+			cv.mu.Unlock()
+			return nil, err
+		}
+	}
+	l := &located{}
+	prev, prevAt := "", 0
+	for n := 0; ; n++ {
+		if n > 0 {
+			cv = p.conv(forkID(thread, n))
+			cv.mu.Lock()
+			if rec, err = cv.read(ctx); err != nil {
+				cv.mu.Unlock()
+				return nil, err
+			}
+		}
+		ids := p.ids(cv.id, req)
+		v, at := matchTurns(rec.ids, ids)
+		if v != diverged {
+			l.cv, l.ids, l.rec, l.v, l.at = cv, ids, rec, v, at
+			if n > 0 && len(rec.ids) == 0 {
+				l.forkedFrom, l.forkedAt = prev, prevAt
+			}
+			return l, nil
+		}
+		prev, prevAt = cv.id, at
+		cv.mu.Unlock()
+		if n+1 >= maxForks {
+			return nil, fmt.Errorf("conversation %s has %d continuations already", thread, maxForks)
+		}
+	}
+}
+
+// publish records the request's turns from position from on, in order,
+// and returns the id of the last (or "" when there is none).
+func (p *Proxy) publish(ctx context.Context, l *located, key Key, req *request, from int) (string, error) {
+	last := ""
+	for i := from; i < len(req.turns); i++ {
+		t := &req.turns[i]
+		turn := schema.Turn{ID: l.ids[i], ConversationID: l.cv.id, AgentID: key.Agent, ProfileID: p.cfg.ProfileID,
+			TS: l.cv.nextTS(), Role: t.role, Content: t.content}
+		if req.system != "" && req.system != l.cv.system {
+			turn.SystemPrompt = req.system
+		}
+		if _, err := p.c.Append(ctx, turn); err != nil {
+			return "", fmt.Errorf("record turn %d of %s: %w", i, l.cv.id, err)
+		}
+		if turn.SystemPrompt != "" {
+			l.cv.system = turn.SystemPrompt
+		}
+		last = turn.ID
+	}
+	return last, nil
+}
+
+// recordReply records the upstream's reply as the turn after the
+// request's, with the provider's usage. It does not wait: the next
+// request's read does.
+func (p *Proxy) recordReply(ctx context.Context, cv *conv, key Key, pos int, t turnMsg, u *schema.Usage) error {
+	cv.mu.Lock()
+	defer cv.mu.Unlock()
+	turn := schema.Turn{ID: turnID(p.cfg.Secret, cv.id, pos, t.canon), ConversationID: cv.id, AgentID: key.Agent,
+		ProfileID: p.cfg.ProfileID, TS: cv.nextTS(), Role: t.role, Content: t.content, Usage: u}
+	if _, err := p.c.Append(ctx, turn); err != nil {
+		return fmt.Errorf("record the reply in %s: %w", cv.id, err)
+	}
+	cv.pending = turn.ID
+	return nil
+}
