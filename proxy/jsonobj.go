@@ -43,16 +43,17 @@ func parseObject(body []byte) (*object, error) {
 	}
 	o := &object{raw: body}
 	for d.PeekKind() != '}' {
-		name, err := d.ReadToken()
+		tok, err := d.ReadToken()
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", errBadJSON, err)
 		}
+		name := tok.String() // a token is valid only until the next read
 		v, err := d.ReadValue()
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", errBadJSON, err)
 		}
 		end := int(d.InputOffset())
-		o.members = append(o.members, member{name: name.String(), start: end - len(v), end: end})
+		o.members = append(o.members, member{name: name, start: end - len(v), end: end})
 	}
 	if _, err := d.ReadToken(); err != nil {
 		return nil, fmt.Errorf("%w: %v", errBadJSON, err)

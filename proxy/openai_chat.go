@@ -11,8 +11,8 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// openaiChat is the Chat Completions API (POST /v1/chat/completions).
-type openaiChat struct{}
+// chatAPI is the Chat Completions API (POST /v1/chat/completions).
+type chatAPI struct{}
 
 // chatMessage is a message of the Chat Completions API, as far as the
 // proxy reads it.
@@ -137,7 +137,7 @@ func chatTurn(m *chatMessage, raw jsontext.Value) (turnMsg, error) {
 	return turnMsg{role: role, content: c, canon: canonOf(role, c, nil), raw: []jsontext.Value{raw}}, nil
 }
 
-func (openaiChat) parse(o *object) (*request, error) {
+func (chatAPI) parse(o *object) (*request, error) {
 	r := &request{obj: o, list: "messages"}
 	var top struct {
 		Stream         bool   `json:"stream"`
@@ -180,7 +180,7 @@ func (openaiChat) parse(o *object) (*request, error) {
 	return r, nil
 }
 
-func (openaiChat) render(m *schema.Message) []jsontext.Value {
+func (chatAPI) render(m *schema.Message) []jsontext.Value {
 	if !m.Content.IsBlocks {
 		if m.Content.Text == "" {
 			return nil
@@ -240,7 +240,7 @@ type chatUsage struct {
 	CompletionTokens int `json:"completion_tokens"`
 }
 
-func (openaiChat) reply(body []byte, sse bool) (turnMsg, *schema.Usage, bool) {
+func (chatAPI) reply(body []byte, sse bool) (turnMsg, *schema.Usage, bool) {
 	var msg chatMessage
 	var usage *chatUsage
 	if !sse {
@@ -336,7 +336,7 @@ func (openaiChat) reply(body []byte, sse bool) (turnMsg, *schema.Usage, bool) {
 	return t, u, true
 }
 
-func (openaiChat) errorBody(status int, msg string) []byte { return openaiError(status, msg) }
+func (chatAPI) errorBody(status int, msg string) []byte { return openaiError(status, msg) }
 
 // openaiError is an error in the OpenAI APIs' format.
 func openaiError(status int, msg string) []byte {

@@ -92,25 +92,25 @@ func New(c *client.Client, cfg Config) *Proxy {
 		convs: map[string]*conv{}, heads: map[string]string{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		p.managed(w, r, openaiChat{}, &p.cfg.OpenAI, modeRecord)
+		p.managed(w, r, chatAPI{}, &p.cfg.OpenAI, modeRecord)
 	})
 	mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) {
-		p.managed(w, r, anthropic{}, &p.cfg.Anthropic, modeRecord)
+		p.managed(w, r, messagesAPI{}, &p.cfg.Anthropic, modeRecord)
 	})
 	mux.HandleFunc("POST /v1/messages/count_tokens", func(w http.ResponseWriter, r *http.Request) {
-		p.managed(w, r, anthropic{}, &p.cfg.Anthropic, modeCount)
+		p.managed(w, r, messagesAPI{}, &p.cfg.Anthropic, modeCount)
 	})
 	mux.HandleFunc("/v1/responses", func(w http.ResponseWriter, r *http.Request) {
 		if isUpgrade(r) {
 			// Codex tries a WebSocket first and falls back to HTTP on 426.
-			writeError(w, openaiChat{}, http.StatusUpgradeRequired, "this server speaks the Responses API over HTTP only: send the request as a POST")
+			writeError(w, chatAPI{}, http.StatusUpgradeRequired, "this server speaks the Responses API over HTTP only: send the request as a POST")
 			return
 		}
 		if r.Method != http.MethodPost {
 			p.passthrough(w, r, p.route(r))
 			return
 		}
-		p.managed(w, r, responses{}, &p.cfg.OpenAI, modeRecord)
+		p.managed(w, r, responsesAPI{}, &p.cfg.OpenAI, modeRecord)
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
@@ -161,9 +161,9 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request, u *Upstream)
 // dialectOf is the error format of an upstream's API.
 func dialectOf(u *Upstream, p *Proxy) dialect {
 	if u == &p.cfg.Anthropic {
-		return anthropic{}
+		return messagesAPI{}
 	}
-	return openaiChat{}
+	return chatAPI{}
 }
 
 // upstreamFailed answers a failure to reach the upstream: 502, or 504

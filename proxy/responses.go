@@ -10,12 +10,12 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// responses is the Responses API (POST /v1/responses), stateless: the
+// responsesAPI is the Responses API (POST /v1/responses), stateless: the
 // whole history travels in input. Its items map onto turns this way: a user
 // message is a user turn; each *_call_output item is a user turn holding
 // one tool result; a run of output items (reasoning, an assistant message,
 // *_call items) is one assistant turn, as one response produced it.
-type responses struct{}
+type responsesAPI struct{}
 
 // respItem is an item of input or output, as far as the proxy reads it.
 type respItem struct {
@@ -188,7 +188,7 @@ func (g *respGroup) item(i int, e jsontext.Value) error {
 	return nil
 }
 
-func (responses) parse(o *object) (*request, error) {
+func (responsesAPI) parse(o *object) (*request, error) {
 	r := &request{obj: o, list: "input"}
 	var top struct {
 		Stream             bool            `json:"stream"`
@@ -231,7 +231,7 @@ func (responses) parse(o *object) (*request, error) {
 	return r, nil
 }
 
-func (responses) render(m *schema.Message) []jsontext.Value {
+func (responsesAPI) render(m *schema.Message) []jsontext.Value {
 	if !m.Content.IsBlocks {
 		if m.Content.Text == "" {
 			return nil
@@ -283,7 +283,7 @@ func respMessage(role schema.Role, text []string) jsontext.Value {
 	return marshal(map[string]any{"type": "message", "role": role, "content": parts})
 }
 
-func (responses) reply(body []byte, sse bool) (turnMsg, *schema.Usage, bool) {
+func (responsesAPI) reply(body []byte, sse bool) (turnMsg, *schema.Usage, bool) {
 	var resp struct {
 		Status string            `json:"status"`
 		Output []json.RawMessage `json:"output"`
@@ -333,4 +333,4 @@ func (responses) reply(body []byte, sse bool) (turnMsg, *schema.Usage, bool) {
 	return r.turns[0], u, true
 }
 
-func (responses) errorBody(status int, msg string) []byte { return openaiError(status, msg) }
+func (responsesAPI) errorBody(status int, msg string) []byte { return openaiError(status, msg) }

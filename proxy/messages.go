@@ -10,8 +10,8 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// anthropic is the Messages API (POST /v1/messages).
-type anthropic struct{}
+// messagesAPI is the Messages API (POST /v1/messages).
+type messagesAPI struct{}
 
 // anthBlock is a content block of the Messages API, as far as the proxy
 // reads it; the client's bytes are what is forwarded.
@@ -123,7 +123,7 @@ func flatResult(c schema.Content) schema.Content {
 	return schema.BlockContent(out...)
 }
 
-func (anthropic) parse(o *object) (*request, error) {
+func (messagesAPI) parse(o *object) (*request, error) {
 	r := &request{obj: o, list: "messages"}
 	var top struct {
 		System   json.RawMessage `json:"system"`
@@ -183,7 +183,7 @@ func (anthropic) parse(o *object) (*request, error) {
 	return r, nil
 }
 
-func (anthropic) render(m *schema.Message) []jsontext.Value {
+func (messagesAPI) render(m *schema.Message) []jsontext.Value {
 	if !m.Content.IsBlocks {
 		if m.Content.Text == "" {
 			return nil
@@ -233,7 +233,7 @@ func (u anthUsage) usage() *schema.Usage {
 	return usageOf(u.InputTokens+u.CacheCreationInputTokens+u.CacheReadInputTokens, u.OutputTokens)
 }
 
-func (anthropic) reply(body []byte, sse bool) (turnMsg, *schema.Usage, bool) {
+func (messagesAPI) reply(body []byte, sse bool) (turnMsg, *schema.Usage, bool) {
 	var msg struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
@@ -327,7 +327,7 @@ func (anthropic) reply(body []byte, sse bool) (turnMsg, *schema.Usage, bool) {
 	return turnMsg{role: schema.RoleAssistant, content: c, canon: canonOf(schema.RoleAssistant, c, sigs), raw: []jsontext.Value{raw}}, msg.Usage.usage(), true
 }
 
-func (anthropic) errorBody(status int, msg string) []byte {
+func (messagesAPI) errorBody(status int, msg string) []byte {
 	typ := "api_error"
 	switch {
 	case status == http.StatusBadRequest:

@@ -1,0 +1,83 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"testing"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/client"
+	"github.com/ctxpipe/ctxpipe/client/clienttest"
+	"github.com/ctxpipe/ctxpipe/schema"
+)
+
+// harness is the real service on an embedded server, the proxy in front of
+// the scripted upstream, and a ctxpipe client to look at what was recorded.
+type harness struct {
+	svc   *clienttest.Service
+	c     *client.Client
+	model *model
+	proxy *Proxy
+	srv   *httptest.Server
+}
+
+// smallWindow is a profile whose threshold a loop of a few dozen turns
+// crosses more than once.
+func smallWindow() schema.Profile {
+	return schema.Profile{ID: schema.DefaultProfileID, ContextWindow: 6000, MaxTokens: 400, CondenseThreshold: ptr(60)}
+}
+
+func newHarness(t *testing.T, tune func(*Config)) *harness {
+	t.Helper()
+	h := &harness{svc: clienttest.New(t, clienttest.WithProfiles(smallWindow())), model: newModel(t)}
+	c, err := client.Connect(bus.ConnConfig{URL: h.svc.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	h.c = c
+	cfg := Config{
+		OpenAI:    Upstream{BaseURL: h.model.srv.URL + "/v1", APIKey: "sk-upstream"},
+		Anthropic: Upstream{BaseURL: h.model.srv.URL, APIKey: "ak-upstream"},
+		Secret:    []byte("test secret"),
+	}
+	if testing.Verbose() {
+		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	h.proxy = New(c, cfg)
+	h.srv = httptest.NewServer(h.proxy)
+	t.Cleanup(h.srv.Close)
+	return h
+}
+
+// full is conv's full history.
+func (h *harness) full(t *testing.T, conv string) []schema.Message {
+	t.Helper()
+	r, err := h.c.History(context.Background(), conv, client.View(schema.ViewFull))
+	if err != nil {
+		t.Fatalf("history of %s: %v", conv, err)
+	}
+	return r.Messages
+}
+
+// rejected returns the input_rejected events of conv.
+func (h *harness) rejected(t *testing.T, conv string) []string {
+	t.Helper()
+	var out []string
+	for ev, err := range h.c.StoredEvents(context.Background(), conv, 0) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, ok := ev.(*schema.InputRejected); ok {
+			out = append(out, string(r.Reason)+": "+r.Message)
+		}
+	}
+	return out
+}
+
+func ptr[T any](v T) *T { return &v }
