@@ -177,13 +177,7 @@ func TestAnthropicAgentLoop(t *testing.T) {
 		t.Errorf("%d prefix changes for %d reductions: the prefix changed without a reduction", lc.breaks, st.Condensations+st.Truncations)
 	}
 	// Every turn recorded once: the client's 40 requests hold 80 turns.
-	agent := 0
-	for _, m := range h.full(t, "loop-1") {
-		if !m.Synthetic() {
-			agent++
-		}
-	}
-	if agent != 80 {
+	if agent := h.agentTurns(t, "loop-1", 80); agent != 80 {
 		t.Errorf("%d agent turns recorded, want 80", agent)
 	}
 	if rej := h.rejected(t, "loop-1"); len(rej) > 0 {

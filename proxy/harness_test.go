@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/client"
@@ -81,3 +82,37 @@ func (h *harness) rejected(t *testing.T, conv string) []string {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// waitFull is conv's full history once it holds n messages: a reply is
+// recorded after it reached the client, so a test may look before it is
+// applied. The deadline only bounds a broken run.
+func (h *harness) waitFull(t *testing.T, conv string, n int) []schema.Message {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		m := h.full(t, conv)
+		if len(m) >= n || time.Now().After(deadline) {
+			return m
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// agentTurns is how many agent turns conv holds, once it holds n (or the
+// bound ran out).
+func (h *harness) agentTurns(t *testing.T, conv string, n int) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		agent := 0
+		for _, m := range h.full(t, conv) {
+			if !m.Synthetic() {
+				agent++
+			}
+		}
+		if agent >= n || time.Now().After(deadline) {
+			return agent
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
