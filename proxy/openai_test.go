@@ -1,0 +1,158 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+	"github.com/openai/openai-go/v3/shared"
+)
+
+func (h *harness) openaiClient(opts ...option.RequestOption) openai.Client {
+	return openai.NewClient(append([]option.RequestOption{option.WithBaseURL(h.srv.URL + "/v1"), option.WithAPIKey("client-key"),
+		option.WithMaxRetries(0)}, opts...)...)
+}
+
+var chatTools = []openai.ChatCompletionToolUnionParam{
+	openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{Name: "bash", Parameters: shared.FunctionParameters{"type": "object"}}),
+	openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{Name: "read_file", Parameters: shared.FunctionParameters{"type": "object"}}),
+}
+
+func TestChatAgentLoop(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.openaiClient(option.WithHeader("X-Session-Id", "chat-1"))
+	msgs := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("You are a careful coding agent."), openai.UserMessage("Fix the failing test in pkg/x.")}
+	var lc loopCheck
+	var sent []int
+	ctx := context.Background()
+	for i := range 40 {
+		params := openai.ChatCompletionNewParams{Model: "test-model", Messages: msgs, Tools: chatTools,
+			StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}}
+		var resp *http.Response
+		var msg openai.ChatCompletionMessage
+		if i%2 == 0 {
+			params.StreamOptions = openai.ChatCompletionStreamOptionsParam{}
+			r, err := c.Chat.Completions.New(ctx, params, option.WithResponseInto(&resp))
+			if err != nil {
+				t.Fatal(err)
+			}
+			msg = r.Choices[0].Message
+		} else {
+			s := c.Chat.Completions.NewStreaming(ctx, params, option.WithResponseInto(&resp))
+			var acc openai.ChatCompletionAccumulator
+			for s.Next() {
+				acc.AddChunk(s.Current())
+			}
+			if err := s.Err(); err != nil {
+				t.Fatal(err)
+			}
+			msg = acc.Choices[0].Message
+		}
+		if got := resp.Header.Get("X-Ctxpipe-Conversation"); got != "chat-1" {
+			t.Fatalf("step %d: conversation %q", i, got)
+		}
+		sent = append(sent, len(msgs))
+		msgs = append(msgs, msg.ToParam())
+		if len(msg.ToolCalls) > 0 {
+			if len(msg.ToolCalls) != 2 {
+				t.Fatalf("step %d: %d parallel calls, want 2", i, len(msg.ToolCalls))
+			}
+			for _, tc := range msg.ToolCalls {
+				msgs = append(msgs, openai.ToolMessage(toolOutput(tc.ID), tc.ID))
+			}
+		} else {
+			msgs = append(msgs, openai.UserMessage(fmt.Sprintf("Now step %d.", i)))
+		}
+	}
+	synth := h.syntheticTexts(t, "chat-1")
+	for i, r := range h.model.requests() {
+		if r.header.Get("Authorization") != "Bearer sk-upstream" {
+			t.Fatalf("request %d: the upstream key was not set", i)
+		}
+		lc.next(t, i, r.list(t), sent[i], synth)
+	}
+	st, err := h.c.Status(ctx, "chat-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lc.breaks < 2 || lc.breaks > st.Condensations+st.Truncations {
+		t.Fatalf("%d prefix changes for %d condensations and %d truncations", lc.breaks, st.Condensations, st.Truncations)
+	}
+	// The first user message, 40 replies, the two tool messages after each
+	// of the 20 that call tools, and a user message after each of the 19
+	// text replies before the last.
+	if n := h.agentTurns(t, "chat-1", 100); n != 100 {
+		t.Errorf("%d agent turns recorded, want 100", n)
+	}
+	if rej := h.rejected(t, "chat-1"); len(rej) > 0 {
+		t.Errorf("rejected: %v", rej)
+	}
+}
+
+func TestResponsesAgentLoop(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.openaiClient(option.WithHeader("session_id", "resp-1"))
+	input := []json.RawMessage{json.RawMessage(`{"type":"message","role":"user","content":[{"type":"input_text","text":"Fix the failing test."}]}`)}
+	ctx := context.Background()
+	var lc loopCheck
+	var sent []int
+	for i := range 30 {
+		params := responses.ResponseNewParams{Model: "test-model", Store: openai.Bool(false), Instructions: openai.String("You are a coding agent.")}
+		var out []responses.ResponseOutputItemUnion
+		var resp *http.Response
+		opts := []option.RequestOption{option.WithJSONSet("input", input), option.WithResponseInto(&resp)}
+		if i%2 == 0 {
+			r, err := c.Responses.New(ctx, params, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = r.Output
+		} else {
+			s := c.Responses.NewStreaming(ctx, params, opts...)
+			for s.Next() {
+				if ev := s.Current(); ev.Type == "response.completed" {
+					out = ev.Response.Output
+				}
+			}
+			if err := s.Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := resp.Header.Get("X-Ctxpipe-Conversation"); got != "resp-1" {
+			t.Fatalf("step %d: conversation %q", i, got)
+		}
+		sent = append(sent, len(input))
+		calls := 0
+		for _, item := range out {
+			input = append(input, json.RawMessage(item.RawJSON()))
+		}
+		for _, item := range out {
+			if item.Type == "function_call" {
+				calls++
+				input = append(input, json.RawMessage(fmt.Sprintf(`{"type":"function_call_output","call_id":%q,"output":%s}`, item.CallID, js(toolOutput(item.CallID)))))
+			}
+		}
+		if calls == 0 {
+			input = append(input, json.RawMessage(fmt.Sprintf(`{"role":"user","content":"Now step %d."}`, i)))
+		}
+	}
+	synth := h.syntheticTexts(t, "resp-1")
+	for i, r := range h.model.requests() {
+		lc.next(t, i, r.list(t), sent[i], synth)
+	}
+	st, err := h.c.Status(ctx, "resp-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lc.breaks < 1 || lc.breaks > st.Condensations+st.Truncations {
+		t.Fatalf("%d prefix changes for %d condensations and %d truncations", lc.breaks, st.Condensations, st.Truncations)
+	}
+	if rej := h.rejected(t, "resp-1"); len(rej) > 0 {
+		t.Errorf("rejected: %v", rej)
+	}
+}
