@@ -6,9 +6,19 @@ FUZZTIME ?= 60s
 
 .PHONY: run test test-scaleout build lint bench bench-readme fuzz load clean quality
 
-## run: start the service on embedded defaults (NATS JetStream in process, ./data/ctxpipe.db, offline condenser)
+## run: start the service on embedded defaults (NATS JetStream in process, ./data/ctxpipe.db, offline
+## condenser) and, beside it, the OpenAI/Anthropic proxy on http://127.0.0.1:8788 as tenant acme's
+## agent (docs/proxy.md); stopping one stops both
+PROXY_NATS_USER     ?= acme-agent
+PROXY_NATS_PASSWORD ?= acme-agent-demo-password
 run:
-	$(GO) run ./cmd/consumer
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/consumer ./cmd/consumer
+	$(GO) build -o $(BIN)/proxy ./cmd/proxy
+	@$(BIN)/consumer & svc=$$!; \
+	NATS_URL=nats://127.0.0.1:4222 NATS_USER=$(PROXY_NATS_USER) NATS_PASSWORD=$(PROXY_NATS_PASSWORD) $(BIN)/proxy & prx=$$!; \
+	trap 'kill $$svc $$prx 2>/dev/null' INT TERM EXIT; \
+	while kill -0 $$svc 2>/dev/null && kill -0 $$prx 2>/dev/null; do sleep 1; done
 
 ## test: every test, with the race detector (fuzz targets run their seed corpus),
 ## then the allocation checks, which only mean something without it
@@ -21,10 +31,11 @@ test:
 test-scaleout:
 	$(GO) test -race -count=5 -timeout 14m -run TestScaleOutFailover -v ./cmd/consumer/
 
-## build: the service and the client into ./bin
+## build: the service, the client and the proxy into ./bin
 build:
 	$(GO) build -o $(BIN)/consumer ./cmd/consumer
 	$(GO) build -o $(BIN)/publisher ./cmd/publisher
+	$(GO) build -o $(BIN)/proxy ./cmd/proxy
 
 ## lint: gofmt, go vet, staticcheck
 lint:
