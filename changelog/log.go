@@ -409,11 +409,18 @@ func Follow(ctx context.Context, js jetstream.JetStream, from uint64, have func(
 }
 
 // FollowLive is Follow for a running instance, which wrote many of the
-// records itself: the consumer delivers headers only, and the data of a
-// message is fetched (a direct get) only when have says the instance lacks
-// it. A single instance thus never reads its own records back.
-func FollowLive(ctx context.Context, js jetstream.JetStream, from uint64, have func(p int, seq uint64) bool, out chan<- Item) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.StateSubjects}, HeadersOnly: true, InactiveThreshold: inactive}
+// records itself, of the partitions it holds (their subjects; nil: every
+// partition). With headersOnly the consumer delivers headers only, and the
+// data of a message is fetched (a direct get) only when have says the
+// instance lacks it: a single instance thus never reads its own records
+// back. Without it every message comes with its data, which is what a
+// partition restored from the log wants (a direct get per record would make
+// a restore a round trip per record).
+func FollowLive(ctx context.Context, js jetstream.JetStream, subjects []string, from uint64, headersOnly bool, have func(p int, seq uint64) bool, out chan<- Item) error {
+	if len(subjects) == 0 {
+		subjects = []string{bus.StateSubjects}
+	}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: subjects, HeadersOnly: headersOnly, InactiveThreshold: inactive}
 	if from > 1 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}
@@ -466,6 +473,9 @@ func FollowLive(ctx context.Context, js jetstream.JetStream, from uint64, have f
 		case have != nil && have(p, item.Seq):
 			item.Partition = p
 			asm.Drop(p)
+		case !headersOnly:
+			item.Partition = p
+			asm.fill(&item, p, msg.Headers(), msg.Data())
 		default:
 			item.Partition = p
 			raw, err := stream.GetMsg(ctx, item.Seq)
@@ -483,4 +493,17 @@ func FollowLive(ctx context.Context, js jetstream.JetStream, from uint64, have f
 			return ctx.Err()
 		}
 	}
+}
+
+// LastOf is the sequence of partition p's last message in CTX_STATE (s),
+// 0 when it has none.
+func LastOf(ctx context.Context, s jetstream.Stream, p int) (uint64, error) {
+	m, err := s.GetLastMsgForSubject(ctx, bus.StateSubject(p))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("last of %s: %w", bus.StateSubject(p), err)
+	}
+	return m.Sequence, nil
 }
