@@ -124,6 +124,7 @@ func (r *Runner) assign(live []string) {
 			r.follower.follow()
 		}
 	}
+	defer r.syncOwned()
 	for p := range r.parts {
 		s := &r.parts[p]
 		want := a.Pull[p] && r.holds.isRestored(p)
@@ -172,6 +173,7 @@ func (r *Runner) rebalance(ctx context.Context) {
 		case <-t.C:
 		}
 		if r.Members == nil || r.cfg.Name == "" {
+			r.reassign()
 			continue
 		}
 		lctx, cancel := context.WithTimeout(ctx, 2*r.cfg.RebalanceEvery)

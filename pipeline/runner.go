@@ -75,6 +75,9 @@ type Runner struct {
 	// assignMu serializes assign; lastLive is the live list it last had.
 	assignMu sync.Mutex
 	lastLive []string
+	// owned serves the queries other instances pass on, for the
+	// partitions held (set by ServeQueries).
+	owned atomic.Pointer[owned]
 
 	heldMu    sync.Mutex
 	held      map[*job]struct{}
