@@ -118,7 +118,7 @@ func (r *Runner) assign(live []string) {
 	defer r.assignMu.Unlock()
 	r.lastLive = slices.Clone(live)
 	a := Assign(len(r.parts), live, r.cfg.Name, r.caughtUp.Load(), r.cfg.Standby)
-	if c := r.holds.update(a.Held); len(c.gained) > 0 || len(c.dropped) > 0 {
+	if c := r.holds.update(a.Held, a.Pull); len(c.gained) > 0 || len(c.dropped) > 0 {
 		r.Log.Info("partitions held", "gained", c.gained, "dropped", c.dropped, "standby", r.cfg.Standby, "instances", len(live))
 		if r.follower != nil {
 			r.follower.follow()

@@ -53,7 +53,8 @@ func newFollower(r *Runner) *follower {
 }
 
 // followPlan is one run: the partitions' subjects, where it starts, and
-// whether it needs the messages' data (a partition being restored does).
+// whether it needs the messages' data (a partition being restored, or
+// followed as a standby, does).
 type followPlan struct {
 	subjects    []string
 	from        uint64
@@ -119,7 +120,11 @@ func (f *follower) plan(ctx context.Context) (followPlan, error) {
 	for _, at := range f.floor {
 		from = min(from, at)
 	}
-	pl := followPlan{from: max(from, 1), headersOnly: len(restoring) == 0}
+	// Headers only when every record followed is expected to be this
+	// instance's own (it owns every partition it holds, none restoring):
+	// a direct get per record of another writer costs a round trip, more
+	// than receiving this instance's own records back unread.
+	pl := followPlan{from: max(from, 1), headersOnly: len(restoring) == 0 && !r.holds.standing()}
 	for _, p := range held {
 		pl.subjects = append(pl.subjects, bus.StateSubject(p))
 	}

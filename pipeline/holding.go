@@ -22,6 +22,9 @@ type holding struct {
 	mu       sync.Mutex
 	held     []bool
 	restored []bool
+	// owner says the partition is held as its owner (pulled), not as a
+	// standby.
+	owner []bool
 	// planned says the follower read the partition's target; target is its
 	// last message then (0: none, nothing to restore).
 	planned []bool
@@ -40,7 +43,7 @@ type holding struct {
 }
 
 func newHolding(n int) *holding {
-	return &holding{held: make([]bool, n), restored: make([]bool, n), planned: make([]bool, n),
+	return &holding{held: make([]bool, n), restored: make([]bool, n), planned: make([]bool, n), owner: make([]bool, n),
 		target: make([]uint64, n), began: make([]time.Time, n), changes: make([]int, n),
 		changed: make(chan struct{}, 1), done: make(chan struct{})}
 }
@@ -48,12 +51,13 @@ func newHolding(n int) *holding {
 // holdChange is what update changed.
 type holdChange struct{ gained, dropped []int }
 
-// update sets the partitions held.
-func (h *holding) update(held []bool) holdChange {
+// update sets the partitions held, and those of them held as their owner.
+func (h *holding) update(held, owner []bool) holdChange {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var c holdChange
 	now := time.Now()
+	copy(h.owner, owner)
 	for p, want := range held {
 		switch {
 		case want && !h.held[p]:
@@ -168,6 +172,19 @@ func (h *holding) restoring() []int {
 		}
 	}
 	return out
+}
+
+// standing tells whether any partition is held as a standby: its records
+// are other writers', which the follower then reads with their data.
+func (h *holding) standing() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for p := range h.held {
+		if h.held[p] && !h.owner[p] {
+			return true
+		}
+	}
+	return false
 }
 
 func (h *holding) isHeld(p int) bool {

@@ -11,7 +11,7 @@ import (
 // restores again.
 func TestHoldingRestoreRules(t *testing.T) {
 	h := newHolding(4)
-	c := h.update([]bool{true, true, false, false})
+	c := h.update([]bool{true, true, false, false}, nil)
 	if !slices.Equal(c.gained, []int{0, 1}) || len(c.dropped) != 0 {
 		t.Fatalf("change %+v", c)
 	}
@@ -46,14 +46,14 @@ func TestHoldingRestoreRules(t *testing.T) {
 		t.Fatalf("counts %d %d", held, restored)
 	}
 	// Dropped: not held, not restored; gained again: planned anew.
-	c = h.update([]bool{false, true, false, false})
+	c = h.update([]bool{false, true, false, false}, nil)
 	if !slices.Equal(c.dropped, []int{0}) || h.isHeld(0) || h.isRestored(0) {
 		t.Fatalf("drop: %+v", c)
 	}
 	if _, done := h.progress(0, 70, 1); done {
 		t.Fatal("progress on a partition not held")
 	}
-	h.update([]bool{true, true, false, false})
+	h.update([]bool{true, true, false, false}, nil)
 	if h.isRestored(0) {
 		t.Fatal("regained partition restored without a plan")
 	}
@@ -63,8 +63,8 @@ func TestHoldingRestoreRules(t *testing.T) {
 		t.Fatalf("untaken partition not planned again: %v", g2)
 	}
 	// A gained partition dropped before its plan is not planned.
-	h.update([]bool{true, true, true, false})
-	h.update([]bool{true, true, false, false})
+	h.update([]bool{true, true, true, false}, nil)
+	h.update([]bool{true, true, false, false}, nil)
 	if g3, _ := h.take(); len(g3) != 0 {
 		t.Fatalf("dropped partition still pending: %v", g3)
 	}
