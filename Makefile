@@ -49,7 +49,8 @@ lint:
 ##   the service process's peak RSS beside --max-held-bytes and its memory limit, decode and
 ##   marshal beside encoding/json, the changelog replay rate (issue 10: ≥ 50,000 changes/s),
 ##   and the service binary driven over TCP by the publisher: end-to-end turns/s beside the
-##   publish rate (goal 20k), the agent workload beside full reads (goal 1,000/s, p99 < 10 ms)
+##   publish rate (goal 20k), the agent workload beside full reads (goal 1,000/s, p99 < 10 ms),
+##   and the CPU per applied turn of 3 instances beside 1 (goals ≤ 1.5 with --standby 1, ≤ 1.2 with 0)
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./tokens/... ./stages/ ./store/
 	$(GO) test -run '^$$' -bench 'DecodeTranscripts|MarshalMessages' -benchmem -count=1 ./schema/
@@ -59,6 +60,7 @@ bench:
 	$(GO) test -run '^$$' -bench 'ServiceRSS' -benchtime 1x -count=1 -timeout 20m ./cmd/consumer/
 	$(GO) test -run '^$$' -bench 'Ingest' -benchtime 1x -count=3 ./cmd/consumer/
 	$(GO) test -run '^$$' -bench 'EndToEnd' -benchtime 1x -count=1 ./cmd/publisher/
+	$(GO) test -run '^$$' -bench 'InstancesCPU' -benchtime 1x -count=1 -timeout 20m ./cmd/publisher/
 	$(GO) test -run '^$$' -bench 'Rebuild' -benchtime 3x -count=1 ./pipeline/
 
 ## bench-readme: make bench, then the README's performance table regenerated from its output

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
@@ -310,5 +312,67 @@ func TestForgedPartitionSubjectIsNotStored(t *testing.T) {
 	p, published, ok := SplitInputSubject(m.Subject, 8)
 	if !ok || published != "ctx.in.3.c1.turn" || p < 0 || p >= 8 {
 		t.Fatalf("stored as %q: partition %d, published %q, ok %v", m.Subject, p, published, ok)
+	}
+}
+
+// PartitionOf computes what the server's partition(N,1,2) transform does:
+// for many tenants and conversations, published through CTX_IN and read
+// back, the stored subject's partition is PartitionOf's.
+func TestPartitionOfAgreesWithTheServer(t *testing.T) {
+	js, _ := newJS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const n = 48
+	if err := EnsureStreams(ctx, js, WithPartitions(n)); err != nil {
+		t.Fatal(err)
+	}
+	type key struct{ tenant, conv string }
+	var keys []key
+	for i := range 600 {
+		tenant := []string{"acme", "globex", "t-9", "a", "tenant-with-a-long-name"}[i%5]
+		conv := fmt.Sprintf("conv-%d-%x", i, i*7919)
+		if i%7 == 0 {
+			conv = uuid.NewString()
+		}
+		keys = append(keys, key{tenant, conv})
+	}
+	var futures []jetstream.PubAckFuture
+	for _, k := range keys {
+		f, err := js.PublishAsync("ctx.in."+k.tenant+"."+k.conv+".turn", []byte(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futures = append(futures, f)
+	}
+	s, err := js.Stream(ctx, StreamIn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	for i, f := range futures {
+		var seq uint64
+		select {
+		case ack := <-f.Ok():
+			seq = ack.Sequence
+		case err := <-f.Err():
+			t.Fatal(err)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _, ok := SplitInputSubject(m.Subject, n)
+		if want := PartitionOf(keys[i].tenant, keys[i].conv, n); !ok || p != want {
+			t.Fatalf("%s.%s stored as %s (partition %d), PartitionOf says %d", keys[i].tenant, keys[i].conv, m.Subject, p, want)
+		}
+		seen[p] = true
+	}
+	if len(seen) < n {
+		t.Fatalf("the keys reached %d of %d partitions", len(seen), n)
+	}
+	if p := PartitionOf("", "c1", n); p != n {
+		t.Fatalf("no tenant: partition %d, want the shared one, %d", p, n)
 	}
 }

@@ -455,6 +455,9 @@ func TestNATSConfPermissions(t *testing.T) {
 			// The changelog holds every tenant's inputs and history: no
 			// tenant writes a record into it or reads one out of it.
 			agent.publishRefused(t, bus.StateSubject(0))
+			// Queries passed between the service's instances carry the
+			// tenant in their subject: no tenant names one.
+			agent.publishRefused(t, "ctx.own.0."+ot+".history")
 			agent.refused(t, "$JS.API.DIRECT.GET.CTX_STATE", func(ctx context.Context) error {
 				_, err := agent.js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET.CTX_STATE", []byte(`{"seq":1}`))
 				return err

@@ -2,6 +2,7 @@ package bus
 
 import (
 	"fmt"
+	"hash/fnv"
 	"regexp"
 	"strconv"
 	"strings"
@@ -122,4 +123,21 @@ func PartitionOfState(subject string) (int, bool) {
 	}
 	p, err := strconv.Atoi(tok)
 	return p, err == nil && p >= 0 && strconv.Itoa(p) == tok
+}
+
+// PartitionOf is the partition CTX_IN's transform puts a tenant's
+// conversation in, computed as the server's partition(n,1,2) does: FNV-1a
+// (32 bits) of the tenant and conversation tokens, one after the other,
+// modulo n. A conversation without a tenant is in the shared partition, n.
+func PartitionOf(tenant, conv string, n int) int {
+	if tenant == "" {
+		return n
+	}
+	if n <= 0 {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(tenant))
+	h.Write([]byte(conv))
+	return int(h.Sum32() % uint32(n))
 }

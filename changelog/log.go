@@ -244,11 +244,14 @@ const stallAfter = 4 * time.Second
 // saw the stream ahead, not from the start of the wait), and Err then says
 // so.
 type watch struct {
-	after   time.Duration // stallAfter but in tests
-	mu      sync.Mutex
-	last    uint64    // the last sequence delivered
-	waiting time.Time // since when Next waits; zero when not waiting
-	err     error
+	after time.Duration // stallAfter but in tests
+	// subjects are the follower's, when it follows some partitions only:
+	// the stream's last message may then be none of theirs.
+	subjects []string
+	mu       sync.Mutex
+	last     uint64    // the last sequence delivered
+	waiting  time.Time // since when Next waits; zero when not waiting
+	err      error
 }
 
 // behind is what the watchdog saw last: since when the stream has held a
@@ -302,7 +305,11 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 		if err != nil {
 			continue // the server cannot tell: the next tick asks again
 		}
-		if info.State.LastSeq <= last {
+		end := info.State.LastSeq
+		if end > last && len(w.subjects) > 0 {
+			end = w.lastOf(ctx, stream)
+		}
+		if end <= last {
 			b = behind{} // idle
 			continue
 		}
@@ -319,7 +326,7 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 		stalled := !w.waiting.IsZero() && w.last == last
 		if stalled {
 			w.err = fmt.Errorf("follow %s: no message for %v after %d while the stream holds up to %d",
-				bus.StreamState, time.Since(b.since).Round(time.Second), last, info.State.LastSeq)
+				bus.StreamState, time.Since(b.since).Round(time.Second), last, end)
 		}
 		w.mu.Unlock()
 		if stalled {
@@ -327,6 +334,25 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 			return
 		}
 	}
+}
+
+// lastOf is the last sequence of the watched subjects (0 when the server
+// cannot tell: the next tick asks again).
+func (w *watch) lastOf(ctx context.Context, stream jetstream.Stream) uint64 {
+	var end uint64
+	for _, subj := range w.subjects {
+		ictx, cancel := context.WithTimeout(ctx, max(w.after/2, time.Second))
+		m, err := stream.GetLastMsgForSubject(ictx, subj)
+		cancel()
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
+			return 0
+		default:
+			end = max(end, m.Sequence)
+		}
+	}
+	return end
 }
 
 // Item is one message of CTX_STATE as a follower sees it.
@@ -409,11 +435,21 @@ func Follow(ctx context.Context, js jetstream.JetStream, from uint64, have func(
 }
 
 // FollowLive is Follow for a running instance, which wrote many of the
-// records itself: the consumer delivers headers only, and the data of a
-// message is fetched (a direct get) only when have says the instance lacks
-// it. A single instance thus never reads its own records back.
-func FollowLive(ctx context.Context, js jetstream.JetStream, from uint64, have func(p int, seq uint64) bool, out chan<- Item) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{bus.StateSubjects}, HeadersOnly: true, InactiveThreshold: inactive}
+// records itself, of the partitions it holds (their subjects; nil: every
+// partition). With headersOnly the consumer delivers headers only, and the
+// data of a message is fetched (a direct get) only when have says the
+// instance lacks it: a single instance thus never reads its own records
+// back. Without it every message comes with its data, which is what a
+// partition restored from the log wants (a direct get per record would make
+// a restore a round trip per record).
+func FollowLive(ctx context.Context, js jetstream.JetStream, subjects []string, from uint64, headersOnly bool, have func(p int, seq uint64) bool, out chan<- Item) error {
+	var watched []string
+	if len(subjects) == 0 {
+		subjects = []string{bus.StateSubjects}
+	} else {
+		watched = subjects
+	}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: subjects, HeadersOnly: headersOnly, InactiveThreshold: inactive}
 	if from > 1 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}
@@ -436,7 +472,7 @@ func FollowLive(ctx context.Context, js jetstream.JetStream, from uint64, have f
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
-	w := &watch{after: stallAfter, last: from - min(from, 1)}
+	w := &watch{after: stallAfter, last: from - min(from, 1), subjects: watched}
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go w.run(wctx, stream, it.Stop)
@@ -466,6 +502,9 @@ func FollowLive(ctx context.Context, js jetstream.JetStream, from uint64, have f
 		case have != nil && have(p, item.Seq):
 			item.Partition = p
 			asm.Drop(p)
+		case !headersOnly:
+			item.Partition = p
+			asm.fill(&item, p, msg.Headers(), msg.Data())
 		default:
 			item.Partition = p
 			raw, err := stream.GetMsg(ctx, item.Seq)
@@ -483,4 +522,17 @@ func FollowLive(ctx context.Context, js jetstream.JetStream, from uint64, have f
 			return ctx.Err()
 		}
 	}
+}
+
+// LastOf is the sequence of partition p's last message in CTX_STATE (s),
+// 0 when it has none.
+func LastOf(ctx context.Context, s jetstream.Stream, p int) (uint64, error) {
+	m, err := s.GetLastMsgForSubject(ctx, bus.StateSubject(p))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("last of %s: %w", bus.StateSubject(p), err)
+	}
+	return m.Sequence, nil
 }

@@ -2,9 +2,7 @@ package pipeline
 
 import (
 	"context"
-	"hash/fnv"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,71 +21,42 @@ type Members interface {
 	CaughtUp()
 }
 
-// catchUp waits until the follower has reached the end CTX_STATE had when
-// the runner started (at most CatchUpTimeout), then lets this instance own
-// partitions: a restarted instance that took its partitions back at once
-// could only retry its inputs (fenced) until it had caught up, while the
+// catchUp waits until every partition this instance holds is restored
+// from the changelog (at most CatchUpTimeout), then lets it own partitions:
+// a restarted instance that took its partitions back at once could only
+// wait (or retry its inputs, fenced) until it had caught up, while the
 // others could have applied them.
 func (r *Runner) catchUp(ctx context.Context) {
 	t0 := time.Now()
-	var last uint64
-	err := bus.RetryStart(ctx, r.Log, "read "+bus.StreamState, func(ctx context.Context) error {
-		s, err := r.JS.Stream(ctx, bus.StreamState)
-		if err == nil {
-			last = s.CachedInfo().State.LastSeq
-		}
-		return err
-	})
-	if err == nil {
-		wctx, cancel := context.WithTimeout(ctx, r.cfg.CatchUpTimeout)
-		err = r.log.waitCursor(wctx, last)
-		cancel()
-	}
+	wctx, cancel := context.WithTimeout(ctx, r.cfg.CatchUpTimeout)
+	err := r.holds.waitRestored(wctx)
+	cancel()
 	if ctx.Err() != nil {
 		return
 	}
+	held, restored := r.holds.counts()
 	if err != nil {
-		r.Log.Warn("not caught up with the changelog; taking partitions anyway", "changelog_last", last, "cursor", r.Cursor(), "err", err)
+		r.Log.Warn("not caught up with the changelog; taking partitions anyway", "held", held, "restored", restored, "err", err)
 	} else {
-		r.Log.Info("caught up with the changelog", "changelog_last", last, "took", time.Since(t0).Round(time.Millisecond))
+		r.Log.Info("caught up with the changelog", "held", held, "took", time.Since(t0).Round(time.Millisecond))
 	}
 	r.caughtUp.Store(true)
 	if r.Members != nil {
 		r.Members.CaughtUp()
 	}
+	r.reassign()
 }
 
-// Preferred is the instance that should own partition p among members:
-// rendezvous hashing, so every instance computes the same answer from the
-// same list, the partitions spread evenly, and an instance joining or
-// leaving moves only its own share.
-func Preferred(p int, members []string) string {
-	var best string
-	var top uint64
-	for _, m := range members {
-		h := fnv.New64a()
-		h.Write([]byte(m))
-		h.Write([]byte{0})
-		h.Write([]byte(strconv.Itoa(p)))
-		// FNV's last bytes reach only the low half of the sum: without a
-		// finalizer the name alone would decide the top bits, and one
-		// instance would be preferred for nearly every partition.
-		if v := mix64(h.Sum64()); best == "" || v > top || (v == top && m < best) {
-			best, top = m, v
-		}
+// restored logs a completed restore and lets the partition be pulled.
+func (r *Runner) restored(rs restore) {
+	per10k := time.Duration(0)
+	if rs.changes > 0 {
+		per10k = rs.took * 10000 / time.Duration(rs.changes)
 	}
-	return best
-}
-
-// mix64 is SplitMix64's finalizer: every input bit flips about half of
-// the output bits.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
+	r.Metrics.Inc("ctxpipe_partitions_restored_total", "")
+	r.Metrics.Observe("ctxpipe_partition_restore_seconds", "", rs.took)
+	r.Log.Info("partition restored", "partition", rs.partition, "changelog_last", rs.target, "changes", rs.changes,
+		"took", rs.took.Round(time.Millisecond), "per_10k_changes", per10k.Round(time.Millisecond))
 }
 
 // partState is what the runner knows of one partition's ownership.
@@ -134,24 +103,31 @@ func (s *partState) waitWanted(ctx context.Context) bool {
 }
 
 // assign decides, from the live instances, which partitions this instance
-// pulls: those it is preferred for (Preferred). Only the preferred instance
-// pulls a partition, so when it is pinned nobody takes the partition from it,
-// and when an owner is not preferred (it pulled first, or the preferred one
-// joined since) it hands the partition over: it stops pulling and unpins
-// itself, and the one instance that does pull gets the pin. When an
-// instance dies it drops out of the live list within seconds (its lock is
-// refreshed every second), the next preferred instance starts pulling, and
-// the server moves the pin once the dead one's lapsed (PinnedTTL).
+// holds (follows their changelog: owner or standby) and which it pulls:
+// those it is preferred for (Assign), once restored. Only the preferred
+// instance pulls a partition, so when it is pinned nobody takes the
+// partition from it, and when an owner is not preferred (it pulled first,
+// or the preferred one joined since) it hands the partition over: it stops
+// pulling and unpins itself, and the one instance that does pull gets the
+// pin. When an instance dies it drops out of the live list within seconds
+// (its lock is refreshed every second), the next preferred instance starts
+// pulling, once it holds the partition's state, and the server moves the
+// pin once the dead one's lapsed (PinnedTTL).
 func (r *Runner) assign(live []string) {
-	// Live leaves out the instances still catching up with the changelog,
-	// this one included: it takes no partition from the others before it
-	// has, but when nobody else runs, somebody must pull.
-	if !slices.Contains(live, r.cfg.Name) && (r.caughtUp.Load() || len(live) == 0) {
-		live = append(live, r.cfg.Name)
+	r.assignMu.Lock()
+	defer r.assignMu.Unlock()
+	r.lastLive = slices.Clone(live)
+	a := Assign(len(r.parts), live, r.cfg.Name, r.caughtUp.Load(), r.cfg.Standby)
+	if c := r.holds.update(a.Held, a.Pull); len(c.gained) > 0 || len(c.dropped) > 0 {
+		r.Log.Info("partitions held", "gained", c.gained, "dropped", c.dropped, "standby", r.cfg.Standby, "instances", len(live))
+		if r.follower != nil {
+			r.follower.follow()
+		}
 	}
+	defer r.syncOwned()
 	for p := range r.parts {
 		s := &r.parts[p]
-		want := Preferred(p, live) == r.cfg.Name
+		want := a.Pull[p] && r.holds.isRestored(p)
 		if s.want.Swap(want) == want {
 			continue
 		}
@@ -174,18 +150,31 @@ func (r *Runner) assign(live []string) {
 	}
 }
 
-// rebalance runs assign every RebalanceEvery with the live instances.
+// reassign runs assign again with the live instances last listed.
+func (r *Runner) reassign() {
+	r.assignMu.Lock()
+	live := r.lastLive
+	r.assignMu.Unlock()
+	r.assign(live)
+}
+
+// rebalance runs assign every RebalanceEvery with the live instances, and
+// whenever a partition's restore completes.
 func (r *Runner) rebalance(ctx context.Context) {
-	if r.Members == nil || r.cfg.Name == "" {
-		return
-	}
 	t := time.NewTicker(r.cfg.RebalanceEvery)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-r.holds.changed:
+			r.reassign()
+			continue
 		case <-t.C:
+		}
+		if r.Members == nil || r.cfg.Name == "" {
+			r.reassign()
+			continue
 		}
 		lctx, cancel := context.WithTimeout(ctx, 2*r.cfg.RebalanceEvery)
 		live, err := r.Members.Live(lctx)

@@ -89,13 +89,20 @@ type logState struct {
 	inflight []bool
 	cur      uint64
 	moved    chan struct{} // closed and replaced whenever cursor moves
+	// seen is, per partition, the last message the committer handled (a
+	// record applied or skipped, a piece, an unreadable message): a
+	// partition's copy is current once seen reaches its last message.
+	seen []uint64
+	// held tells whether this instance follows partition p: only those
+	// partitions' unfinished records hold the cursor back.
+	held func(p int) bool
 }
 
 func newLogState(partitions int, pos map[int]uint64, cursor uint64) *logState {
 	ls := &logState{applied: make([]uint64, partitions+1), pieceTail: make([]uint64, partitions+1), pieceHead: make([]uint64, partitions+1),
 		shared: make([]uint64, partitions+1), own: make([]uint64, partitions+1), inflight: make([]bool, partitions+1),
-		foreign: make([]uint64, partitions+1),
-		cursor:  cursor, cur: cursor, moved: make(chan struct{})}
+		foreign: make([]uint64, partitions+1), seen: make([]uint64, partitions+1),
+		cursor: cursor, cur: cursor, moved: make(chan struct{}), held: func(int) bool { return true }}
 	for p, seq := range pos {
 		if p >= 0 && p <= partitions {
 			ls.applied[p], ls.shared[p] = seq, seq
@@ -136,12 +143,50 @@ func (ls *logState) setApplied(p int, seq uint64) {
 	ls.applied[p] = seq
 	ls.mu.Lock()
 	ls.shared[p] = seq
+	close(ls.moved)
+	ls.moved = make(chan struct{})
 	ls.mu.Unlock()
 }
 
+// appliedOf is the last record of partition p the store reflects.
+func (ls *logState) appliedOf(p int) uint64 {
+	ls.mu.RLock()
+	defer ls.mu.RUnlock()
+	return ls.shared[p]
+}
+
+// setSeen records that the committer handled partition p's messages up to
+// seq.
+func (ls *logState) setSeen(p int, seq uint64) {
+	ls.mu.Lock()
+	ls.seen[p] = max(ls.seen[p], seq)
+	close(ls.moved)
+	ls.moved = make(chan struct{})
+	ls.mu.Unlock()
+}
+
+// waitSeen waits until the store reflects partition p's changelog up to
+// seq: the committer handled it, or committed this instance's own record
+// there.
+func (ls *logState) waitSeen(ctx context.Context, p int, seq uint64) error {
+	for {
+		ls.mu.RLock()
+		at, moved := max(ls.seen[p], ls.shared[p]), ls.moved
+		ls.mu.RUnlock()
+		if at >= seq {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-moved:
+		}
+	}
+}
+
 func (ls *logState) setCursor(seq uint64) {
-	for _, head := range ls.pieceHead {
-		if head > 0 {
+	for p, head := range ls.pieceHead {
+		if head > 0 && ls.held(p) {
 			seq = min(seq, head-1)
 		}
 	}
@@ -197,23 +242,6 @@ func (ls *logState) appendDone(seqs map[int]uint64) {
 		// Not a later round's record, appended meanwhile.
 		if ls.own[p] <= seq {
 			ls.own[p] = 0
-		}
-	}
-}
-
-// waitCursor waits until every changelog message up to seq was handled.
-func (ls *logState) waitCursor(ctx context.Context, seq uint64) error {
-	for {
-		ls.mu.RLock()
-		cur, moved := ls.cur, ls.moved
-		ls.mu.RUnlock()
-		if cur >= seq {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-moved:
 		}
 	}
 }
@@ -748,6 +776,7 @@ func (r *Runner) applyFollowed(items []changelog.Item) (retried bool) {
 	}
 	var recs []rec
 	positions := map[int]uint64{}
+	seen := map[int]uint64{}
 	var cursor uint64
 	for _, it := range items {
 		if it.Record == nil && !it.Piece && it.Err == nil && it.Seq > r.log.applied[it.Partition] {
@@ -759,6 +788,7 @@ func (r *Runner) applyFollowed(items []changelog.Item) (retried bool) {
 		}
 		cursor = max(cursor, it.Seq)
 		if it.Partition >= 0 && it.Partition < len(r.log.pieceHead) {
+			seen[it.Partition] = max(seen[it.Partition], it.Seq)
 			// Anything but a piece ends the partition's run of pieces.
 			if !it.Piece {
 				r.log.pieceHead[it.Partition] = 0
@@ -826,6 +856,23 @@ func (r *Runner) applyFollowed(items []changelog.Item) (retried bool) {
 			r.log.setForeign(x.p, x.seq)
 		}
 		r.log.setCursor(cursor)
+		changes := map[int]int{}
+		if tx != nil {
+			res := tx.Results()
+			for i, x := range recs {
+				for _, rr := range res[i] {
+					if !rr.Duplicate {
+						changes[x.p]++
+					}
+				}
+			}
+		}
+		for p, seq := range seen {
+			r.log.setSeen(p, seq)
+			if rs, done := r.holds.progress(p, seq, changes[p]); done {
+				r.restored(rs)
+			}
+		}
 		if tx != nil {
 			res := tx.Results()
 			for i, x := range recs {

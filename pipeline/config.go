@@ -63,6 +63,12 @@ type Config struct {
 	// partitions to the others while its follower catches up with the
 	// changelog (with others running; alone, it pulls at once).
 	CatchUpTimeout time.Duration
+	// Standby is how many instances besides its owner keep each
+	// partition's state (follow its changelog), ready to take it over
+	// within seconds; 0: a new owner restores the partition from the
+	// changelog when it takes it over. DefaultConfig has 1; a Config
+	// literal that leaves it 0 asks for none.
+	Standby int
 	// MaxLogPiece bounds one changelog message (default: the connection's
 	// max payload): a record over it is cut into pieces.
 	MaxLogPiece int
@@ -90,6 +96,7 @@ func DefaultConfig() Config {
 		RebalanceEvery:  time.Second,
 		CatchUpTimeout:  2 * time.Minute,
 		ProbeInterval:   2 * time.Second,
+		Standby:         1,
 	}
 }
 
@@ -137,6 +144,9 @@ func (c Config) Validate() error {
 	}
 	if c.PinnedTTL < c.PullExpiry+time.Second {
 		return fmt.Errorf("pinned TTL %v must exceed the pull expiry %v by a second: the owner renews its pin with every pull", c.PinnedTTL, c.PullExpiry)
+	}
+	if c.Standby < 0 {
+		return fmt.Errorf("standby %d: want 0 or more instances", c.Standby)
 	}
 	if c.MaxDeliver < 2 {
 		return fmt.Errorf("max deliver %d leaves no room for a redelivery", c.MaxDeliver)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -48,18 +47,22 @@ func (r *Runner) setup(ctx context.Context) error {
 		return err
 	}
 	r.partitions = n
-	r.parts = newPartStates(n+1, true)
+	r.parts = newPartStates(n+1, false)
+	r.holds = newHolding(n + 1)
 	if err := r.ensureConsumers(ctx); err != nil {
 		return err
 	}
 	r.log = newLogState(n, pos, cursor)
+	r.log.held = r.holds.isHeld
+	// Hold (and pull, once restored) only this instance's share from the
+	// start, rather than everything until the first rebalance.
+	var live []string
 	if r.Members != nil && r.cfg.Name != "" {
-		// Pull only this instance's share from the start, rather than
-		// everything until the first rebalance.
-		if live, err := r.Members.Live(ctx); err == nil {
-			r.assign(live)
+		if l, err := r.Members.Live(ctx); err == nil {
+			live = l
 		}
 	}
+	r.assign(live)
 	// Published last: other goroutines read r.log once they see N.
 	r.nParts.Store(int64(n))
 	return nil
@@ -344,7 +347,7 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 	}
 	r.Metrics.Inc("ctxpipe_partition_terms_total", "")
 	r.Log.Info("partition taken", "partition", p, "ack_floor", floor, "replayed_unacked", gap,
-		"changelog", r.Cursor(), "took", time.Since(t0).Round(time.Millisecond))
+		"changelog", r.log.appliedOf(p), "took", time.Since(t0).Round(time.Millisecond))
 	return nil
 }
 
@@ -367,9 +370,13 @@ func (r *Runner) takeOver(ctx context.Context, p int, floor, delivered uint64) (
 	// half the pinned TTL: no pull goes out meanwhile, and a longer wait
 	// lost the pin, started a new term, and waited again, in a loop.
 	wctx, wcancel := context.WithTimeout(ctx, min(5*time.Second, r.cfg.PinnedTTL/2))
-	if err := r.log.waitCursor(wctx, st.CachedInfo().State.LastSeq); err != nil && ctx.Err() == nil {
+	last, err := changelog.LastOf(wctx, st, p)
+	if err == nil {
+		err = r.log.waitSeen(wctx, p, last)
+	}
+	if err != nil && ctx.Err() == nil {
 		r.Log.Warn("taking the partition before catching up with the changelog", "partition", p,
-			"changelog_last", st.CachedInfo().State.LastSeq, "cursor", r.Cursor())
+			"changelog_last", last, "applied", r.log.appliedOf(p), "err", err)
 	}
 	wcancel()
 	if floor >= delivered {
@@ -493,103 +500,36 @@ func (r *Runner) check(ctx context.Context) error {
 	return nil
 }
 
-// follower reads the changelog into the committer, restarting after
-// failures (and when the committer asks, after it failed to apply).
-type follower struct {
-	r   *Runner
-	out chan followed
-	// gen counts the times the committer asked to read again (retry):
-	// what an earlier run sent and nobody read yet is stale then, and the
-	// committer drops it (taken after a retry, its records would be
-	// applied ahead of the ones the retry reads again, which would then
-	// look applied; seen as a partition missing one record).
-	gen atomic.Uint64
-
-	mu     sync.Mutex
-	cancel context.CancelFunc
-}
-
-// followed is a changelog item with the generation of the follower run
-// that read it.
-type followed struct {
-	changelog.Item
-	gen uint64
-}
-
-func newFollower(r *Runner) *follower {
-	return &follower{r: r, out: make(chan followed, 1024)}
-}
-
-func (f *follower) run(ctx context.Context) {
-	defer close(f.out)
-	backoff := newBackoff(250*time.Millisecond, 2*time.Second)
-	// A retry (the committer could not apply what was read) restarts the
-	// run after a pause, doubling from 50 ms to 2 s while runs keep ending
-	// within seconds: the store is failing then (a full disk), and
-	// restarting at once made 150 runs a second, each a new ordered
-	// consumer on CTX_STATE, up to the server's consumer limit (outside
-	// campaign C, F3).
-	restarts := newBackoff(50*time.Millisecond, 2*time.Second)
-	for ctx.Err() == nil {
-		started := time.Now()
-		fctx, cancel := context.WithCancel(ctx)
-		f.mu.Lock()
-		f.cancel = cancel
-		f.mu.Unlock()
-		gen := f.gen.Load()
-		from := f.r.log.safeCursor() + 1
-		items := make(chan changelog.Item)
-		forwarded := make(chan struct{})
-		go func() {
-			defer close(forwarded)
-			for it := range items {
-				select {
-				case f.out <- followed{it, gen}:
-				case <-fctx.Done():
-					return // stale now, or stopping
-				}
-			}
-		}()
-		err := changelog.FollowLive(fctx, f.r.JS, from, f.r.log.has, items)
-		close(items)
-		<-forwarded // the next run's items come after this one's
-		restarted := fctx.Err() != nil && ctx.Err() == nil
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		if restarted {
-			if time.Since(started) > 5*time.Second {
-				restarts.reset()
-				continue
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(restarts.next()):
-			}
+// Behind is how many partitions this instance holds whose last changelog
+// message it has not handled yet (0 when it holds none, or has caught up
+// with all).
+func (r *Runner) Behind(ctx context.Context) (int, error) {
+	if r.nParts.Load() == 0 {
+		return 0, nil
+	}
+	s, err := r.JS.Stream(ctx, bus.StreamState)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for p := range r.parts {
+		if !r.holds.isHeld(p) {
 			continue
 		}
-		wait := backoff.next()
-		f.r.Log.Warn("following the changelog failed; following again", "from", from, "err", err, "retry_in", wait)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
+		last, err := changelog.LastOf(ctx, s, p)
+		if err != nil {
+			return 0, err
+		}
+		if err := r.log.waitSeen(doneCtx, p, last); err != nil {
+			n++
 		}
 	}
+	return n, nil
 }
 
-// current tells whether it was read after the last retry.
-func (f *follower) current(it followed) bool { return it.gen == f.gen.Load() }
-
-// retry makes the follower read again from the cursor; what it sent
-// before is dropped.
-func (f *follower) retry() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.gen.Add(1)
-	if f.cancel != nil {
-		f.cancel()
-	}
-}
+// doneCtx is a context already done: waitSeen with it only checks.
+var doneCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()

@@ -43,65 +43,83 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 	// refused (outside campaign M3).
 	shares := newTenantShares(max((maxConcurrent+maxWaits)/4, 1))
 	r.maxReply = int(nc.MaxPayload())
-	serve := func(h func(context.Context, []byte) []byte) nats.MsgHandler {
-		return func(m *nats.Msg) {
-			if !SafeReply(m.Reply) {
-				// Defence in depth: a forged reply subject could make the
-				// service write into a stream, a bucket or another
-				// conversation's events. Nothing is sent.
-				r.Log.Warn("query refused: reply subject outside an inbox", "subject", m.Subject, "reply", m.Reply)
-				r.Metrics.Inc("ctxpipe_queries_refused_total", "")
-				return
-			}
-			tenant := tenantOf(m.Subject)
-			if tenant != "" && !schema.ValidTenant(tenant) {
-				// Only the server's mappings put a tenant here; a token
-				// no tenant may have never names a conversation key.
-				_ = m.Respond(schema.MarshalQueryError(schema.QueryBadRequest, "no such tenant"))
-				return
-			}
-			if !shares.take(tenant) {
-				r.Metrics.Inc("ctxpipe_queries_refused_total", "")
-				_ = m.Respond(schema.MarshalQueryError(schema.QueryTimeout, "too many queries in flight from this tenant; retry"))
-				return
-			}
-			select {
-			case inflight <- struct{}{}:
-			default:
-				shares.give(tenant)
-				r.Metrics.Inc("ctxpipe_queries_refused_total", "")
-				_ = m.Respond(schema.MarshalQueryError(schema.QueryTimeout, "too many queries in flight; retry"))
-				return
-			}
-			go func() {
-				defer func() { <-inflight; shares.give(tenant) }()
+	handlers := map[schema.QueryVerb]func(context.Context, []byte) []byte{
+		schema.VerbHistory: r.History, schema.VerbStatus: r.Status, schema.VerbEvents: r.Events,
+	}
+	// serve answers a query. tenantOf reads the tenant, verb and partition
+	// (own: passed on by another instance; -1 otherwise) from the subject.
+	serve := func(m *nats.Msg, tenant string, verb schema.QueryVerb, own bool) {
+		h := handlers[verb]
+		if !SafeReply(m.Reply) {
+			// Defence in depth: a forged reply subject could make the
+			// service write into a stream, a bucket or another
+			// conversation's events. Nothing is sent.
+			r.Log.Warn("query refused: reply subject outside an inbox", "subject", m.Subject, "reply", m.Reply)
+			r.Metrics.Inc("ctxpipe_queries_refused_total", "")
+			return
+		}
+		if h == nil || tenant != "" && !schema.ValidTenant(tenant) {
+			// Only the server's mappings put a tenant here; a token
+			// no tenant may have never names a conversation key.
+			_ = m.Respond(schema.MarshalQueryError(schema.QueryBadRequest, "no such tenant"))
+			return
+		}
+		if !shares.take(tenant) {
+			r.Metrics.Inc("ctxpipe_queries_refused_total", "")
+			_ = m.Respond(schema.MarshalQueryError(schema.QueryTimeout, "too many queries in flight from this tenant; retry"))
+			return
+		}
+		select {
+		case inflight <- struct{}{}:
+		default:
+			shares.give(tenant)
+			r.Metrics.Inc("ctxpipe_queries_refused_total", "")
+			_ = m.Respond(schema.MarshalQueryError(schema.QueryTimeout, "too many queries in flight; retry"))
+			return
+		}
+		go func() {
+			defer func() { <-inflight; shares.give(tenant) }()
+			var reply []byte
+			if rt, ok := routeOf(tenant, m.Data, r.Partitions()); ok && !own && !r.answersHere(rt.partition) {
+				// Another instance holds the conversation: its answer.
+				reply = r.forward(ctx, nc, ownSubject(rt.partition, tenant, verb), m.Data, rt.wait)
+			} else {
 				qctx := withQuerySlots(ctx, reads, waits)
 				if tenant != "" {
 					qctx = context.WithValue(qctx, tenantKey{}, tenant)
 				}
-				if err := m.Respond(h(qctx, m.Data)); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
-					r.Log.Warn("query reply failed", "subject", m.Subject, "err", err)
-				}
-			}()
-		}
+				reply = h(qctx, m.Data)
+			}
+			if err := m.Respond(reply); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
+				r.Log.Warn("query reply failed", "subject", m.Subject, "err", err)
+			}
+		}()
 	}
 	r.Metrics.Help("ctxpipe_queries_refused_total", "Queries refused: a reply subject outside an inbox prefix, or too many in flight.")
+	r.Metrics.Help("ctxpipe_queries_forwarded_total", "Queries passed on to the instances holding their conversation's partition.")
 	// Each query on the service's own subject (clients in its account) and
 	// on the tenants' (ctx.q.<tenant>.<verb>, mapped there by the server:
 	// the tenant comes from the subject, never from the body).
 	var subs []*nats.Subscription
+	own := &owned{nc: nc, subs: map[int]*nats.Subscription{}, handler: func(m *nats.Msg) {
+		_, tenant, verb, ok := parseOwnSubject(m.Subject)
+		if !ok {
+			return
+		}
+		serve(m, tenant, verb, true)
+	}}
 	drain := func() error {
-		var errs []error
+		errs := []error{own.stop()}
 		for _, s := range subs {
 			errs = append(errs, s.Drain())
 		}
 		return errors.Join(errs...)
 	}
-	for verb, h := range map[schema.QueryVerb]func(context.Context, []byte) []byte{
-		schema.VerbHistory: r.History, schema.VerbStatus: r.Status, schema.VerbEvents: r.Events,
-	} {
+	for verb := range handlers {
 		for _, subject := range []string{schema.QuerySubject("", verb), schema.QuerySubject("*", verb)} {
-			sub, err := nc.QueueSubscribe(subject, bus.QueueGroup, serve(h))
+			sub, err := nc.QueueSubscribe(subject, bus.QueueGroup, func(m *nats.Msg) {
+				serve(m, tenantOf(m.Subject), verb, false)
+			})
 			if err != nil {
 				_ = drain()
 				return nil, err
@@ -109,6 +127,8 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 			subs = append(subs, sub)
 		}
 	}
+	r.owned.Store(own)
+	r.syncOwned()
 	// Answer from the moment this returns: a client asking right after
 	// the start must not meet "no responders" because the server has not
 	// processed the subscriptions yet.

@@ -70,6 +70,14 @@ type Runner struct {
 	// while others run.
 	caughtUp atomic.Bool
 	parts    []partState // per partition
+	// holds is which partitions this instance keeps the state of.
+	holds *holding
+	// assignMu serializes assign; lastLive is the live list it last had.
+	assignMu sync.Mutex
+	lastLive []string
+	// owned serves the queries other instances pass on, for the
+	// partitions held (set by ServeQueries).
+	owned atomic.Pointer[owned]
 
 	heldMu    sync.Mutex
 	held      map[*job]struct{}
@@ -144,8 +152,21 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	r.Metrics.Gauge("ctxpipe_partitions_owned", "Partitions this instance received inputs for, under its pin, in the last 30 s.", func(context.Context) (float64, error) {
 		return float64(r.Owned()), nil
 	})
-	r.Metrics.Gauge("ctxpipe_changelog_cursor", "CTX_STATE sequence up to which this instance has applied the changelog.", func(context.Context) (float64, error) {
+	r.Metrics.Gauge("ctxpipe_changelog_cursor", "CTX_STATE sequence up to which this instance has applied the changelog of the partitions it holds.", func(context.Context) (float64, error) {
 		return float64(r.Cursor()), nil
+	})
+	r.Metrics.Help("ctxpipe_partitions_restored_total", "Partitions this instance gained (as owner or standby) and restored from the changelog.")
+	r.Metrics.Help("ctxpipe_partition_restore_seconds", "From gaining a partition to holding its changelog up to its last record then.")
+	r.Metrics.Gauge("ctxpipe_partitions_held", "Partitions whose state this instance keeps (owner or standby) and has restored.", func(context.Context) (float64, error) {
+		if r.nParts.Load() == 0 {
+			return 0, nil
+		}
+		_, n := r.holds.counts()
+		return float64(n), nil
+	})
+	r.Metrics.Gauge("ctxpipe_changelog_behind", "Partitions held whose last changelog record this instance has not applied yet (one request per partition held, at each scrape).", func(ctx context.Context) (float64, error) {
+		n, err := r.Behind(ctx)
+		return float64(n), err
 	})
 	r.Metrics.Gauge("ctxpipe_last_fetch_age_seconds", "Seconds since the runner last heard from its consumer (a message or a successful consumer check); -1 before the first.", func(context.Context) (float64, error) {
 		age, ok := r.health.fetchAge(time.Now())

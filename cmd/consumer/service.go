@@ -140,6 +140,7 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.DurationVar(&c.Pipeline.AckWait, "ack-wait", c.Pipeline.AckWait, "JetStream ack wait (in-progress acks every third of it)")
 	fs.IntVar(&c.Pipeline.MaxHeldBytes, "max-held-bytes", c.Pipeline.MaxHeldBytes, "payload bytes fetched and not yet acked, at most; past it fetching waits (the main term of the memory bound)")
 	memLimit := fs.String("memory-limit", "", "soft limit of the process's Go heap, as GOMEMLIMIT is written (512MiB, 2GiB) or off (default: --max-held-bytes + 256 MiB, or GOMEMLIMIT when set)")
+	fs.IntVar(&c.Pipeline.Standby, "standby", c.Pipeline.Standby, "instances besides its owner that keep each partition's state, ready to take it over (0: the new owner restores it from the changelog)")
 	fs.IntVar(&c.Pipeline.MaxDeliver, "max-deliver", c.Pipeline.MaxDeliver, "deliveries before an input is rejected as poison")
 	fs.DurationVar(&c.Pipeline.ShutdownTimeout, "shutdown-timeout", c.Pipeline.ShutdownTimeout, "how long a graceful stop may take")
 	c.NATS.RegisterFlags(fs)

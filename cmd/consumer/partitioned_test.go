@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/internal/natstest"
+	"github.com/ctxpipe/ctxpipe/pipeline"
+	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/store"
+)
+
+// heldPartitions is what pipeline.Assign has instance name hold among names.
+func heldPartitions(names []string, name string, n, standby int) []int {
+	a := pipeline.Assign(n+1, names, name, true, standby)
+	var out []int
+	for p, ok := range a.Held {
+		if ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// waitHolding waits until each instance holds (restored) the partitions
+// the assignment over all of them gives it, and has none of them behind.
+func (r *scaleRig) waitHolding(n, standby int) {
+	r.t.Helper()
+	var names []string
+	for _, in := range r.insts {
+		names = append(names, in.name)
+	}
+	for _, in := range r.insts {
+		want := float64(len(heldPartitions(names, in.name, n, standby)))
+		for {
+			held, ok1 := r.gauge(in, "ctxpipe_partitions_held")
+			behind, ok2 := r.gauge(in, "ctxpipe_changelog_behind")
+			if ok1 && ok2 && held == want && behind == 0 {
+				break
+			}
+			if time.Now().After(r.deadline) {
+				r.t.Fatalf("%s holds %v partitions (%v behind), want %v", in, held, behind, want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+// TestInstancesHoldTheirPartitions runs three instances of the real binary
+// against a server started from nats.conf (the service as its ctxpipe
+// user, the load as tenant acme's agent), with --standby 0 and 1. The
+// partitions spread before any input arrives; a tenant's queries, answered
+// by whichever instance the queue group picks, answer for every
+// conversation (an instance that does not hold one passes the query on);
+// and each instance's SQLite file holds exactly the conversations of the
+// partitions it owns or stands by for, each whole.
+func TestInstancesHoldTheirPartitions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs three service binaries")
+	}
+	for _, standby := range []int{0, 1} {
+		t.Run("standby="+strconv.Itoa(standby), func(t *testing.T) { testHoldTheirPartitions(t, standby) })
+	}
+}
+
+func testHoldTheirPartitions(t *testing.T, standby int) {
+	const (
+		n     = 12
+		convs = 30
+		turns = 5
+	)
+	began := time.Now()
+	deadline := began.Add(3 * time.Minute)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	t.Cleanup(cancel)
+	_, url := natstest.RunWithConfig(t, "../../nats.conf")
+	r := &scaleRig{t: t, ctx: ctx, deadline: deadline, bin: buildConsumer(t), dir: t.TempDir()}
+	r.args = []string{"--nats-url", url, "--nats-user", "ctxpipe", "--nats-password", "ctxpipe-demo-password",
+		"--partitions", strconv.Itoa(n), "--standby", strconv.Itoa(standby), "--log-level", "info"}
+	for i := 1; i <= 3; i++ {
+		r.insts = append(r.insts, &scaleInst{name: fmt.Sprintf("inst-%d", i), dataDir: filepath.Join(r.dir, fmt.Sprintf("data-%d", i))})
+	}
+	// Started together, as a deployment is.
+	for _, in := range r.insts {
+		r.start(in)
+	}
+	for _, in := range r.insts {
+		r.waitReady(in)
+	}
+	r.waitHolding(n, standby)
+	t.Logf("3 instances up and holding their partitions %v after the start", time.Since(began).Round(time.Millisecond))
+
+	agent := connect(t, url, nats.UserInfo("acme-agent", "acme-agent-demo-password"), nats.CustomInboxPrefix("_INBOX_acme-agent"))
+	rng := rand.New(rand.NewPCG(25, 25))
+	sent := map[string][]schema.Turn{}
+	ts := time.Now().UnixMilli()
+	for i := range turns {
+		for c := range convs {
+			conv := fmt.Sprintf("held-%02d", c)
+			tn := textTurn(rng, conv, "demo-16k", i, ts+int64(i), 30)
+			agent.publishTurn(tn)
+			sent[conv] = append(sent[conv], tn)
+		}
+	}
+	forwarded := func() float64 {
+		sum := 0.0
+		for _, in := range r.insts {
+			if v, ok := r.gauge(in, `ctxpipe_queries_forwarded_total`); ok {
+				sum += v
+			}
+		}
+		return sum
+	}
+	// Every conversation's last turn, waited for through whichever instance
+	// the queue group picks; then its status and events the same way.
+	for conv, tns := range sent {
+		msgs, err := agent.history(conv, schema.ViewFull, tns[len(tns)-1].ID, 30*time.Second)
+		if err != nil {
+			t.Fatalf("history of %s: %v", conv, err)
+		}
+		if got, want := idsOf2(msgs), idsOf(tns); !slices.Equal(got, want) {
+			t.Fatalf("history of %s: %v, want %v", conv, got, want)
+		}
+		st, err := agent.status(conv)
+		if err != nil || st.Messages != turns {
+			t.Fatalf("status of %s: %+v, %v", conv, st, err)
+		}
+		var evs schema.EventsReply
+		if err := agent.query(schema.SubjectEvents, schema.EventsRequest{ConversationID: conv}, &evs, 5*time.Second); err != nil {
+			t.Fatalf("events of %s: %v", conv, err)
+		}
+	}
+	if _, err := agent.status("never-sent"); !isQueryCode(err, schema.QueryNotFound) {
+		t.Fatalf("status of a conversation nobody sent: %v, want not_found", err)
+	}
+	t.Logf("queries forwarded to the holder of their partition: %v", forwarded())
+	if forwarded() == 0 {
+		t.Fatal("no query was passed on: every instance answered alone")
+	}
+	r.waitHolding(n, standby)
+	for _, in := range r.insts {
+		r.stop(in)
+	}
+
+	var names []string
+	for _, in := range r.insts {
+		names = append(names, in.name)
+	}
+	copies := map[string]int{}
+	for _, in := range r.insts {
+		held := heldPartitions(names, in.name, n, standby)
+		var want []string
+		for conv := range sent {
+			if slices.Contains(held, bus.PartitionOf("acme", conv, n)) {
+				want = append(want, schema.ConversationKey("acme", conv))
+			}
+		}
+		sort.Strings(want)
+		st, err := store.Open(ctx, in.db())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := st.Conversations(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sort.Strings(got)
+		if !slices.Equal(got, want) {
+			st.Close()
+			t.Fatalf("%s (partitions %v) holds conversations %v, want %v", in, held, got, want)
+		}
+		for _, key := range got {
+			_, conv := schema.SplitKey(key)
+			msgs, err := st.Messages(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ids := idsOf2(msgs); !slices.Equal(ids, idsOf(sent[conv])) {
+				st.Close()
+				t.Fatalf("%s: %s holds %v, want %v", in, key, ids, idsOf(sent[conv]))
+			}
+			copies[key]++
+		}
+		st.Close()
+		t.Logf("%s holds partitions %v: %d of %d conversations", in, held, len(got), convs)
+	}
+	for conv := range sent {
+		if c := copies[schema.ConversationKey("acme", conv)]; c != 1+standby {
+			t.Fatalf("%s: %d copies, want %d", conv, c, 1+standby)
+		}
+	}
+}
+
+// idsOf2 is the ids of the messages that are turns.
+func idsOf2(msgs []schema.Message) []string {
+	var out []string
+	for _, m := range msgs {
+		if !m.Synthetic() {
+			out = append(out, m.ID)
+		}
+	}
+	return out
+}

@@ -1,0 +1,235 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/changelog"
+)
+
+// follower reads the changelog of the partitions this instance holds into
+// the committer: one ordered consumer filtered on their subjects, started
+// again when the set changes, after failures, and when the committer asks
+// (after it failed to apply).
+type follower struct {
+	r   *Runner
+	out chan followed
+	// gen counts the times the committer asked to read again (retry) or
+	// the set of partitions changed: what an earlier run sent and nobody
+	// read yet is stale then, and the committer drops it (taken after a
+	// retry, its records would be applied ahead of the ones the retry
+	// reads again, which would then look applied; seen as a partition
+	// missing one record).
+	gen atomic.Uint64
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	// refollow is set when the run was stopped for a new set of
+	// partitions, not for a failure: the next starts at once.
+	refollow bool
+	// floor is, per partition being restored, the sequence its run began
+	// at: a run started again must not begin after it until the partition
+	// is restored (the cursor, moved by the other partitions, says nothing
+	// of it).
+	floor map[int]uint64
+	// started is set once a run was planned: before, the cursor the store
+	// kept says nothing of the partitions held now.
+	started bool
+}
+
+// followed is a changelog item with the generation of the follower run
+// that read it.
+type followed struct {
+	changelog.Item
+	gen uint64
+}
+
+func newFollower(r *Runner) *follower {
+	return &follower{r: r, out: make(chan followed, 1024), floor: map[int]uint64{}}
+}
+
+// followPlan is one run: the partitions' subjects, where it starts, and
+// whether it needs the messages' data (a partition being restored, or
+// followed as a standby, does).
+type followPlan struct {
+	subjects    []string
+	from        uint64
+	headersOnly bool
+}
+
+// plan decides the next run. Each gained partition's target is its last
+// changelog message; when the store holds it already the partition is
+// restored at once and followed from the end of the log as it was before
+// the target was read (nothing of it lies between), else from after the
+// store's last record of it.
+func (f *follower) plan(ctx context.Context) (followPlan, error) {
+	r := f.r
+	gained, held := r.holds.take()
+	f.mu.Lock()
+	started := f.started
+	f.mu.Unlock()
+	from := uint64(0)
+	if started {
+		from = r.log.safeCursor() + 1
+	}
+	if len(gained) > 0 {
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		s, err := r.JS.Stream(ictx, bus.StreamState)
+		if err != nil {
+			r.holds.untake(gained)
+			return followPlan{}, fmt.Errorf("changelog info: %w", err)
+		}
+		end := s.CachedInfo().State.LastSeq
+		for i, p := range gained {
+			last, err := changelog.LastOf(ictx, s, p)
+			if err != nil {
+				r.holds.untake(gained[i:])
+				return followPlan{}, err
+			}
+			applied := r.log.appliedOf(p)
+			current := last <= applied
+			start := end + 1
+			if !current {
+				start = applied + 1
+				f.mu.Lock()
+				f.floor[p] = start
+				f.mu.Unlock()
+			}
+			if r.holds.plan(p, last, current) {
+				r.Log.Debug("partition held", "partition", p, "changelog_last", last)
+			}
+			if from == 0 || start < from {
+				from = start
+			}
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.started = true
+	restoring := r.holds.restoring()
+	for p := range f.floor {
+		if !containsInt(restoring, p) {
+			delete(f.floor, p)
+		}
+	}
+	for _, at := range f.floor {
+		from = min(from, at)
+	}
+	// Headers only when every record followed is expected to be this
+	// instance's own (it owns every partition it holds, none restoring):
+	// a direct get per record of another writer costs a round trip, more
+	// than receiving this instance's own records back unread.
+	pl := followPlan{from: max(from, 1), headersOnly: len(restoring) == 0 && !r.holds.standing()}
+	for _, p := range held {
+		pl.subjects = append(pl.subjects, bus.StateSubject(p))
+	}
+	return pl, nil
+}
+
+func containsInt(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func (f *follower) run(ctx context.Context) {
+	defer close(f.out)
+	backoff := newBackoff(250*time.Millisecond, 2*time.Second)
+	// A retry (the committer could not apply what was read) restarts the
+	// run after a pause, doubling from 50 ms to 2 s while runs keep ending
+	// within seconds: the store is failing then (a full disk), and
+	// restarting at once made 150 runs a second, each a new ordered
+	// consumer on CTX_STATE, up to the server's consumer limit.
+	restarts := newBackoff(50*time.Millisecond, 2*time.Second)
+	for ctx.Err() == nil {
+		started := time.Now()
+		fctx, cancel := context.WithCancel(ctx)
+		f.mu.Lock()
+		f.cancel, f.refollow = cancel, false
+		f.mu.Unlock()
+		gen := f.gen.Load()
+		pl, err := f.plan(fctx)
+		if err == nil && len(pl.subjects) == 0 {
+			// Nothing held: wait for a change.
+			<-fctx.Done()
+			err = fctx.Err()
+		}
+		if err == nil {
+			items := make(chan changelog.Item)
+			forwarded := make(chan struct{})
+			go func() {
+				defer close(forwarded)
+				for it := range items {
+					select {
+					case f.out <- followed{it, gen}:
+					case <-fctx.Done():
+						return // stale now, or stopping
+					}
+				}
+			}()
+			err = changelog.FollowLive(fctx, f.r.JS, pl.subjects, pl.from, pl.headersOnly, f.r.log.has, items)
+			close(items)
+			<-forwarded // the next run's items come after this one's
+		}
+		restarted := fctx.Err() != nil && ctx.Err() == nil
+		f.mu.Lock()
+		refollow := f.refollow
+		f.mu.Unlock()
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if restarted {
+			if refollow || time.Since(started) > 5*time.Second {
+				restarts.reset()
+				continue
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(restarts.next()):
+			}
+			continue
+		}
+		wait := backoff.next()
+		f.r.Log.Warn("following the changelog failed; following again", "from", pl.from, "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// current tells whether it was read after the last retry.
+func (f *follower) current(it followed) bool { return it.gen == f.gen.Load() }
+
+// retry makes the follower read again from the cursor; what it sent
+// before is dropped.
+func (f *follower) retry() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gen.Add(1)
+	if f.cancel != nil {
+		f.cancel()
+	}
+}
+
+// follow makes the follower start a run for the partitions held now.
+func (f *follower) follow() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gen.Add(1)
+	f.refollow = true
+	if f.cancel != nil {
+		f.cancel()
+	}
+}
