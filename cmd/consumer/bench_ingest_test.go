@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"syscall"
 	"testing"
@@ -163,7 +162,7 @@ func publishIngest(b *testing.B, js, service jetstream.JetStream, n, convs int, 
 		b.Fatal(err)
 	}
 	if got := info.CachedInfo().State.Msgs; got != uint64(n) {
-		b.Fatal(fmt.Sprintf("CTX_IN holds %d messages, want %d", got, n))
+		b.Fatalf("CTX_IN holds %d messages, want %d", got, n)
 	}
 	return float64(n) / elapsed.Seconds(), (processCPU(b) - cpu0).Seconds() * 1e6 / float64(n)
 }
