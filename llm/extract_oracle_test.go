@@ -5,6 +5,7 @@ import (
 	"path"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,6 +21,9 @@ import (
 // keeps the implementation it replaced as the reference (the ref… names),
 // and the tests below compare the two over every message of the shared
 // real runs, plus seeds and a fuzz target for the inputs the runs lack.
+// Where the rules changed since (here documents end at their closing line;
+// lists are never cut, read back from markers too, and group files), the
+// reference follows, still written with regular expressions.
 
 var (
 	refRedirect     = regexp.MustCompile(`(?:>>?|\btee\s+(?:-a\s+)?)\s*['"]?([^\s'";|&<>()]+)`)
@@ -28,7 +32,13 @@ var (
 	refLineSuffix   = regexp.MustCompile(`(:\d+)+:?$`)
 	refPathChars    = regexp.MustCompile(`^[A-Za-z0-9_./~+@-]+$`)
 	refSedScript    = regexp.MustCompile(`^[sy]/[^/]*/[^/]*/[a-zA-Z0-9]*$`)
-	refFileLine     = regexp.MustCompile(`^- (\S+) \((created|edited|read)\)$`)
+	refFileItem     = regexp.MustCompile(`^(\S+) \((created|edited|read)\)$`)
+	refGroupItem    = regexp.MustCompile(`^(\S*/)\*\* \((created|edited|read); ([1-9][0-9]*) files?\)$`)
+	refBraced       = regexp.MustCompile(`^(\S*/)\{([^{}]*)\}$`)
+	refHereDoc      = regexp.MustCompile(`<<(-?)[ \t]*((?:'[^']*'|"[^"]*"|\\.|[^\s;|&<>()'"\\])*)`)
+	refUnquote      = regexp.MustCompile(`'([^']*)'|"([^"]*)"|\\(.)`)
+	refNodeID       = regexp.MustCompile(`^(.+?)::.*$`)
+	refSectionStart = regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(FilesTouchedHeading))
 	refReturnCode   = regexp.MustCompile(`<returncode>\s*(-?\d+)\s*</returncode>`)
 	refTag          = regexp.MustCompile(`<[^<>\n]{1,40}>`)
 	refErrorLine    = regexp.MustCompile(`(?:Error|Exception|exceptions?)\b|\berror\b|\bERROR\b|Traceback|FAILED`)
@@ -63,31 +73,39 @@ func refFilesTouched(msgs []schema.Message) []FileTouch {
 	var out []FileTouch
 	at := map[string]int{}
 	rank := map[string]int{"read": 0, "edited": 1, "created": 2}
-	add := func(p, how string) {
-		if p == "" {
+	addEntry := func(f FileTouch) {
+		key := f.Path
+		if f.Files > 0 {
+			key += " group"
+		}
+		if f.Path == "" {
 			return
 		}
-		if i, ok := at[p]; ok {
-			if rank[how] > rank[out[i].How] {
-				out[i].How = how
+		if i, ok := at[key]; ok {
+			if rank[f.How] > rank[out[i].How] {
+				out[i].How = f.How
 			}
+			out[i].Files += f.Files
 			return
 		}
-		if len(out) == MaxFilesTouched {
-			return
-		}
-		at[p] = len(out)
-		out = append(out, FileTouch{Path: p, How: how})
+		at[key] = len(out)
+		out = append(out, f)
 	}
+	add := func(p, how string) { addEntry(FileTouch{Path: p, How: how}) }
 	for i, m := range msgs {
 		if i == len(msgs)-1 && m.Role == schema.RoleUser && prompts.IsFinalInstruction(userText(m.Content)) {
 			break
 		}
 		if m.IsCondenseSummary() {
 			for _, f := range refFilesFromList(summaryText(m.Content)) {
-				add(f.Path, f.How)
+				addEntry(f)
 			}
 			continue
+		}
+		if m.IsTruncationMarker {
+			for _, f := range refFilesFromList(userText(m.Content)) {
+				addEntry(f)
+			}
 		}
 		for _, b := range m.Content.BlocksOf() {
 			if b.Type == schema.BlockToolUse {
@@ -117,14 +135,11 @@ func refTouchedBy(b schema.Block, add func(path, how string)) {
 	for _, k := range commandKeys {
 		for _, cmd := range stringsOf(input[k]) {
 			written := map[string]string{}
-			for _, line := range strings.Split(cmd, "\n") {
+			for _, line := range refCommandLines(cmd) {
 				for _, m := range refRedirect.FindAllStringSubmatch(line, -1) {
 					if p := refCleanPath(m[1]); p != "" {
 						written[p] = "created"
 					}
-				}
-				if strings.Contains(line, "<<") {
-					break
 				}
 			}
 			edits := refSedInPlace.MatchString(cmd)
@@ -142,19 +157,81 @@ func refTouchedBy(b schema.Block, add func(path, how string)) {
 	}
 }
 
-func refFilesFromList(summary string) []FileTouch {
-	i := strings.Index(summary, FilesTouchedHeading)
-	if i < 0 {
+// refFilesFromList reads the last summary section and every marker line
+// of text, in order.
+func refFilesFromList(text string) []FileTouch {
+	var out []FileTouch
+	section := -1
+	for _, m := range refSectionStart.FindAllStringIndex(text, -1) {
+		section = m[0]
+	}
+	for at := 0; at < len(text); {
+		line, _, _ := strings.Cut(text[at:], "\n")
+		if at == section {
+			for _, l := range strings.Split(text[at+len(FilesTouchedHeading):], "\n") {
+				l = strings.TrimSpace(l)
+				if strings.HasPrefix(l, "## ") {
+					break
+				}
+				if strings.HasPrefix(l, "- ") {
+					out = append(out, refItem(l[2:])...)
+				}
+			}
+		}
+		if strings.HasPrefix(line, MarkerFilesHeading) {
+			for _, it := range strings.Split(strings.TrimSpace(line[len(MarkerFilesHeading):]), ", ") {
+				out = append(out, refItem(it)...)
+			}
+		}
+		at += len(line) + 1
+	}
+	return out
+}
+
+// refItem reads one list item: a group, a braced directory or a file.
+func refItem(it string) []FileTouch {
+	if m := refGroupItem.FindStringSubmatch(it); m != nil {
+		n, _ := strconv.Atoi(m[3])
+		return []FileTouch{{Path: m[1], How: m[2], Files: n}}
+	}
+	m := refFileItem.FindStringSubmatch(it)
+	if m == nil {
 		return nil
 	}
-	var out []FileTouch
-	for _, line := range strings.Split(summary[i+len(FilesTouchedHeading):], "\n") {
-		line = strings.TrimSpace(line)
-		if strings.HasPrefix(line, "## ") {
-			break
+	if b := refBraced.FindStringSubmatch(m[1]); b != nil {
+		names := strings.Split(b[2], ",")
+		if len(names) > 1 && !slices.Contains(names, "") {
+			var out []FileTouch
+			for _, n := range names {
+				out = append(out, FileTouch{Path: b[1] + n, How: m[2]})
+			}
+			return out
 		}
-		if m := refFileLine.FindStringSubmatch(line); m != nil {
-			out = append(out, FileTouch{Path: m[1], How: m[2]})
+	}
+	return []FileTouch{{Path: m[1], How: m[2]}}
+}
+
+// refCommandLines is the lines of cmd outside here-document bodies.
+func refCommandLines(cmd string) []string {
+	lines := strings.Split(cmd, "\n")
+	var out []string
+	for i := 0; i < len(lines); i++ {
+		line := lines[i]
+		out = append(out, line)
+		for _, m := range refHereDoc.FindAllStringSubmatchIndex(line, -1) {
+			if m[4] == m[5] || m[0] > 0 && line[m[0]-1] == '<' || m[0]+2 < len(line) && line[m[0]+2] == '<' {
+				continue
+			}
+			delim := refUnquote.ReplaceAllString(line[m[4]:m[5]], "$1$2$3")
+			for i++; i < len(lines); i++ {
+				l := lines[i]
+				if m[3] > m[2] {
+					l = strings.TrimLeft(l, "\t")
+				}
+				if l == delim {
+					break
+				}
+			}
 		}
 	}
 	return out
@@ -162,20 +239,18 @@ func refFilesFromList(summary string) []FileTouch {
 
 func refPathsInCommand(cmd string) []string {
 	var out []string
-	for _, line := range strings.Split(cmd, "\n") {
+	for _, line := range refCommandLines(cmd) {
 		for _, w := range refSplitCommand.Split(line, -1) {
 			if p := refCleanPath(w); p != "" {
 				out = append(out, p)
 			}
-		}
-		if strings.Contains(line, "<<") {
-			break
 		}
 	}
 	return out
 }
 
 func refCleanPath(w string) string {
+	w = refNodeID.ReplaceAllString(w, "$1")
 	w = strings.TrimSpace(w)
 	w = strings.TrimRight(w, ".:")
 	w = refLineSuffix.ReplaceAllString(w, "")
@@ -389,6 +464,7 @@ func sameFilesTouched(t *testing.T, s string) {
 	}
 	msgs := []schema.Message{
 		{Turn: schema.Turn{Role: schema.RoleUser, Content: schema.TextContent(FilesTouchedHeading + "\n" + s)}, IsSummary: true},
+		{Turn: schema.Turn{Role: schema.RoleUser, Content: schema.TextContent("[m]\n" + MarkerFilesHeading + " " + s)}, IsTruncationMarker: true},
 		callMsg(use("1", "bash", string(in)), use("2", "edit", s)),
 		callMsg(use("3", "Write_File", `{"file_path":`+strconv.Quote(s)+`}`)),
 	}
@@ -461,7 +537,7 @@ var extractionSeeds = []string{
 	"tee -a 'x.py' | tee y.md", "é > ü/ä.go", "x > \xff/a.go", "cat <<EOF > a.py\nb > c.py\nEOF",
 	"sed -i s/a/b/ f.go", "sed  -ni x", "sed -n x", "sed --in-place f.go", "sed --in-placex", "sed -", "sed\n-i",
 	"xsed -i a.go", "_sed -i a.go", "(sed -i", "sed -I", "sed -Ei", "sed -E1i", "sed", "sed ", "sed\t-zxi a.txt",
-	"src/a.go:12", "src/a.go:12:", "src/a.go:12:3:", "src/a.go::12", "src/a.go:x:12", "a.go:", "a.go:.", "a.go.:",
+	"t/a.py::T::t", "t/a.py::", "::a.py", "a::b::c.py", "t/a.py::x\nb", " t/a.py::x", "src/a.go:12", "src/a.go:12:", "src/a.go:12:3:", "src/a.go::12", "src/a.go:x:12", "a.go:", "a.go:.", "a.go.:",
 	":12", "a:1b:2", "pkg/:1", "./:1", "./a.py:1.", "s/a/b/g", "y/a/b/", "s/a/b/c/d", "s/a/b/g1", "s/a/b/-",
 	"sx/a/b/", "s/", "s//", "s///", "x/2", "_a/b", ".a/b", "a//b", "/1/2", "~/1", "../1/", "~", "..", "./", ".",
 	"-x.py", "http://a/b.py", "/dev/null", "/dev", "/proc", "/sys/", "/devx/a", "1.py", "1e5.py", "inf.py", "nan.go",
@@ -481,6 +557,12 @@ var extractionSeeds = []string{
 	"  <output> \n\n\t</output>", "- a.go (read)", "- a.go (edited)", "- a.go (created)", "- a.go (made)", "- a b (read)",
 	"-  a.go (read)", "- a.go  (read)", "- a.go (read) ", "\t- a.go (read)", "- (read)", "- a\fb (read)", "- a\vb (read)",
 	"- a.go (read)\n## next\n- b.go (read)", "- é.go (read)", "- \xff (read)",
+	"cat <<A > one.md; cat <<-\"B\" > two.md\nx/y.py\nA\nz/w.py\n\tB\ncat q/r.py", "cat <<<x\na/b.py", "cat <<''\nx/y.py\n\na/b.py",
+	"cat <<\\E'O'\"F\" >a.py\nx/y.py\nEOF\nb/c.py", "cat <<'E\nb/c.py", "a<<<<E\nb/c.py\nE", "cat << \nb/c.py", "x <<E\nE",
+	"- a/{b.go,c.go} (read)", "- a/{b.go} (read)", "- a/{,b.go} (read)", "- {a,b}/c (read)", "- a/b{c,d} (read)", "- a/{b/{c,d} (edited)",
+	"- a/** (read; 3 files)", "- ./** (created; 1 file)", "- /** (edited; 12 files)", "- a/** (read; 0 files)", "- a/** (read; 03 files)",
+	"- a** (read; 2 files)", "- a/** (read)", "- a/** (read; 2 files) ", "- a/** (made; 2 files)",
+	"x.go (read), a/{b,c} (edited), d/** (read; 4 files)", "x.go (read),y.go (read)", "x.go (read), , y.go (read)",
 }
 
 // FuzzExtractionMatchesReference looks for inputs on which the scanners and

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -14,23 +13,28 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// Files touched (issue 13): every summary ends with a list of the files the
+// Files touched: every summary ends with a list of the files the
 // summarized span read, edited or created, taken mechanically from the tool
-// calls, so the paths survive whatever a model writes (or leaves out).
+// calls, so the paths survive whatever a model writes (or leaves out). The
+// list is complete: past its size bound it names files by directory
+// (FileItems), never by dropping some.
 
-// FileTouch is one file of a span and what the span did to it.
+// FileTouch is one file of a span and what the span did to it, or a
+// directory group that stands for files under it.
 type FileTouch struct {
+	// Path is the file's path; for a group, its directory with a
+	// trailing slash ("./" for the working directory's tree).
 	Path string
 	// How is "created", "edited" or "read": the strongest action seen.
 	How string
+	// Files is, for a group, how many files of the list it stands for,
+	// and 0 for a file.
+	Files int
 }
 
-// Bounds on the list, so a span that lists a whole tree cannot make the
-// summary grow without limit.
-const (
-	MaxFilesTouched      = 300
-	maxFilesTouchedChars = 6_000
-)
+// maxFilesTouchedChars bounds the list in a summary, so a span that lists
+// a whole tree cannot make the summary grow without limit.
+const maxFilesTouchedChars = 6_000
 
 var (
 	// writeTools and editTools are tool names (lower case, or a part of
@@ -43,8 +47,8 @@ var (
 // first appearance, each with the strongest action seen (created > edited
 // > read). Paths come from the inputs' path keys (path, file_path,
 // filename, …) and from the words of shell commands that look like paths;
-// earlier summaries' lists are carried forward. The engine's final
-// instruction turn is ignored.
+// the lists of earlier summaries and of truncation markers are carried
+// forward. The engine's final instruction turn is ignored.
 func FilesTouched(msgs []schema.Message) []FileTouch {
 	var t touchList
 	for i, m := range msgs {
@@ -54,6 +58,9 @@ func FilesTouched(msgs []schema.Message) []FileTouch {
 		if m.IsCondenseSummary() {
 			t.carry(summaryText(m.Content))
 			continue
+		}
+		if m.IsTruncationMarker {
+			t.carry(userText(m.Content))
 		}
 		for _, b := range m.Content.BlocksOf() {
 			if b.Type == schema.BlockToolUse {
@@ -69,7 +76,7 @@ func FilesTouched(msgs []schema.Message) []FileTouch {
 // scanned once per summary, not once for the facts and again for the list.
 type touchList struct {
 	out []FileTouch
-	at  map[string]int // path → index in out
+	at  map[string]int // path (a group's with "**") → index in out
 }
 
 // howRank orders the actions, so a later, stronger one replaces a weaker.
@@ -83,30 +90,35 @@ func howRank(how string) int {
 	return 0
 }
 
-func (t *touchList) add(p, how string) {
-	if p == "" {
+func (t *touchList) add(p, how string) { t.addEntry(FileTouch{Path: p, How: how}) }
+
+// addEntry adds a file, or a group whose count adds to an equal one's.
+func (t *touchList) addEntry(f FileTouch) {
+	if f.Path == "" {
 		return
 	}
-	if i, ok := t.at[p]; ok {
-		if howRank(how) > howRank(t.out[i].How) {
-			t.out[i].How = how
+	key := f.Path
+	if f.Files > 0 {
+		key += "**"
+	}
+	if i, ok := t.at[key]; ok {
+		if howRank(f.How) > howRank(t.out[i].How) {
+			t.out[i].How = f.How
 		}
-		return
-	}
-	if len(t.out) == MaxFilesTouched {
+		t.out[i].Files += f.Files
 		return
 	}
 	if t.at == nil {
 		t.at = map[string]int{}
 	}
-	t.at[p] = len(t.out)
-	t.out = append(t.out, FileTouch{Path: p, How: how})
+	t.at[key] = len(t.out)
+	t.out = append(t.out, f)
 }
 
-// carry adds the list of an earlier summary's text.
-func (t *touchList) carry(summary string) {
-	for _, f := range filesFromList(summary) {
-		t.add(f.Path, f.How)
+// carry adds the lists of an earlier summary's or a marker's text.
+func (t *touchList) carry(text string) {
+	for _, f := range filesFromList(text) {
+		t.addEntry(f)
 	}
 }
 
@@ -126,17 +138,16 @@ func (t *touchList) call(b schema.Block, in toolInput) {
 	var written []string // few per command: a slice beats a map
 	for _, c := range in.commands {
 		written = written[:0]
-		for rest := c.text; ; {
-			line, more, found := strings.Cut(rest, "\n")
+		for lines := (commandLines{rest: c.text}); ; {
+			line, ok := lines.next()
+			if !ok {
+				break
+			}
 			n := len(written)
 			written = writeTargets(line, written)
 			for k := n; k < len(written); k++ {
 				written[k] = cleanPath(written[k]) // "" when not a path: matches nothing
 			}
-			if !found || strings.Contains(line, "<<") {
-				break // the lines after a heredoc are file contents
-			}
-			rest = more
 		}
 		edits := editsInPlace(c.text)
 		for _, p := range c.paths {
@@ -151,6 +162,123 @@ func (t *touchList) call(b schema.Block, in toolInput) {
 		}
 	}
 }
+
+// commandLines walks the lines of a shell command that the shell reads as
+// commands. The body of a here document (the lines after the line that
+// opens it with <<WORD or <<-WORD, up to its closing line WORD) is the
+// contents of a file, not commands: it is skipped, and the lines after the
+// closing line are read again. A body that never closes runs to the end.
+type commandLines struct {
+	rest string
+	done bool
+}
+
+// next is the next command line, and false after the last.
+func (c *commandLines) next() (string, bool) {
+	if c.done {
+		return "", false
+	}
+	line, more, found := strings.Cut(c.rest, "\n")
+	if !found {
+		c.done = true
+		return line, true
+	}
+	c.rest = more
+	if strings.Contains(line, "<<") {
+		var closed bool
+		c.rest, closed = skipHereDocs(line, c.rest)
+		c.done = !closed
+	}
+	return line, true
+}
+
+// skipHereDocs skips, in rest (the text after line), the bodies of the here
+// documents line opens, in order, each up to its closing line. closed is
+// false when no line follows the last body.
+func skipHereDocs(line, rest string) (after string, closed bool) {
+	for i := 0; ; {
+		delim, strip, end, ok := nextHereDoc(line, i)
+		if end < 0 {
+			return rest, true
+		}
+		i = end
+		if !ok {
+			continue
+		}
+		for {
+			l, more, found := strings.Cut(rest, "\n")
+			if strip {
+				l = strings.TrimLeft(l, "\t")
+			}
+			if !found {
+				return "", false // closed on the last line or not at all: nothing follows
+			}
+			rest = more
+			if l == delim {
+				break
+			}
+		}
+	}
+}
+
+// nextHereDoc finds the first << at or after line[i:] and reads the here
+// document it opens: the pattern <<(-?)[ \t]*(WORD)? where WORD is made of
+// '…', "…", a backslash and the character after it, and characters other
+// than white space, quotes, backslashes and ;|&<>(). end is the index past
+// the match, -1 when there is no <<. ok is false when the match opens no
+// here document: no word follows, or a < stands right before or after the
+// << (a here-string <<<, or a run of them). delim is the word without its
+// quotes and backslashes, as the closing line spells it; strip reports
+// <<-, whose closing line may be indented with tabs.
+func nextHereDoc(line string, i int) (delim string, strip bool, end int, ok bool) {
+	k := strings.Index(line[i:], "<<")
+	if k < 0 {
+		return "", false, -1, false
+	}
+	k += i
+	j := k + 2
+	if j < len(line) && line[j] == '-' {
+		strip = true
+		j++
+	}
+	for j < len(line) && (line[j] == ' ' || line[j] == '\t') {
+		j++
+	}
+	var b strings.Builder
+	start := j
+	for j < len(line) {
+		c := line[j]
+		if c == '\'' || c == '"' {
+			e := strings.IndexByte(line[j+1:], c)
+			if e < 0 {
+				break // an unclosed quote ends the word before it
+			}
+			b.WriteString(line[j+1 : j+1+e])
+			j += e + 2
+			continue
+		}
+		if c == '\\' {
+			if j+1 == len(line) || line[j+1] == '\n' {
+				break
+			}
+			_, size := utf8.DecodeRuneInString(line[j+1:])
+			b.WriteString(line[j+1 : j+1+size])
+			j += 1 + size
+			continue
+		}
+		if endsHereWord[c] {
+			break
+		}
+		b.WriteByte(c)
+		j++
+	}
+	ok = j > start && (k == 0 || line[k-1] != '<') && (k+2 == len(line) || line[k+2] != '<')
+	return b.String(), strip, j, ok
+}
+
+// endsHereWord marks the bytes that end a here document's word outside
+// quotes: the regexp class [\s;|&<>()].
+var endsHereWord = byteSet(" \t\n\f\r;|&<>()")
 
 // toolInput is what the extraction reads of a tool call's input, decoded
 // once for the facts and the files list alike.
@@ -453,85 +581,6 @@ func containsAny(s string, parts []string) bool {
 		}
 	}
 	return false
-}
-
-// FilesTouchedHeading opens the list in a summary.
-const FilesTouchedHeading = "## Files touched (listed mechanically from the tool calls)"
-
-// RenderFilesTouched is the list as a summary section, "" when it is empty:
-// one "- path (how)" line per file, bounded in size.
-func RenderFilesTouched(files []FileTouch) string {
-	if len(files) == 0 {
-		return ""
-	}
-	var b strings.Builder
-	b.WriteString(FilesTouchedHeading)
-	b.WriteByte('\n')
-	for i, f := range files {
-		line := "- " + f.Path + " (" + f.How + ")\n"
-		if b.Len()+len(line) > maxFilesTouchedChars {
-			b.WriteString("- … and " + strconv.Itoa(len(files)-i) + " more\n")
-			break
-		}
-		b.WriteString(line)
-	}
-	return strings.TrimRight(b.String(), "\n")
-}
-
-// WithFilesTouched appends the files-touched section of msgs to a summary.
-func WithFilesTouched(text string, msgs []schema.Message) string {
-	return withFilesList(text, FilesTouched(msgs))
-}
-
-// withFilesList appends the files-touched section of files to a summary.
-func withFilesList(text string, files []FileTouch) string {
-	if s := RenderFilesTouched(files); s != "" {
-		return strings.TrimRight(text, "\n") + "\n\n" + s
-	}
-	return text
-}
-
-// fileLine reads a line of an earlier list back: "- path (how)", the path
-// one or more bytes without white space, as the regexp
-// ^- (\S+) \((created|edited|read)\)$ read it.
-func fileLine(line string) (FileTouch, bool) {
-	rest, ok := strings.CutPrefix(line, "- ")
-	if !ok {
-		return FileTouch{}, false
-	}
-	if rest, ok = strings.CutSuffix(rest, ")"); !ok {
-		return FileTouch{}, false
-	}
-	// The action holds no " (", so the last one opens it.
-	i := strings.LastIndex(rest, " (")
-	if i < 0 {
-		return FileTouch{}, false
-	}
-	p, how := rest[:i], rest[i+2:]
-	if how != "created" && how != "edited" && how != "read" || p == "" || strings.ContainsAny(p, " \t\n\f\r") {
-		return FileTouch{}, false
-	}
-	return FileTouch{Path: p, How: how}, true
-}
-
-// filesFromList reads the files-touched section of an earlier summary, so a
-// second condense carries the first one's files forward.
-func filesFromList(summary string) []FileTouch {
-	i := strings.Index(summary, FilesTouchedHeading)
-	if i < 0 {
-		return nil
-	}
-	var out []FileTouch
-	for line := range strings.SplitSeq(summary[i+len(FilesTouchedHeading):], "\n") {
-		line = strings.TrimSpace(line)
-		if strings.HasPrefix(line, "## ") {
-			break
-		}
-		if f, ok := fileLine(line); ok {
-			out = append(out, f)
-		}
-	}
-	return out
 }
 
 // Error lines. A tool's output reports an error on a line that names one

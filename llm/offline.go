@@ -181,8 +181,9 @@ func extract(msgs []schema.Message) *facts {
 			continue
 		}
 		if m.IsTruncationMarker {
-			// FilesTouched reads a marker's tool calls (it has none in
-			// practice); the facts leave the marker out.
+			// FilesTouched reads a marker's list and its tool calls (it
+			// has none in practice); the facts leave the marker out.
+			f.touched.carry(userText(m.Content))
 			for _, b := range m.Content.BlocksOf() {
 				if b.Type == schema.BlockToolUse {
 					f.touched.call(b, readToolInput(b.Input))
@@ -482,13 +483,16 @@ func commandLine(cmd string) string {
 var splitsWords = byteSet(" \t\n\f\r;|&<>()'\"`=,{}[]$")
 
 // pathsInCommand finds the words of a shell command that look like file
-// paths. It stops after a line that opens a here-document: the lines after
-// it are file contents, not paths. It scans bytes by hand: it runs on every
-// command of every condensed span.
+// paths, on its command lines (commandLines: here-document bodies are file
+// contents, not paths). It scans bytes by hand: it runs on every command of
+// every condensed span.
 func pathsInCommand(cmd string) []string {
 	var out []string
-	for rest := cmd; ; {
-		line, more, found := strings.Cut(rest, "\n")
+	for lines := (commandLines{rest: cmd}); ; {
+		line, ok := lines.next()
+		if !ok {
+			break
+		}
 		for i := 0; i < len(line); {
 			if splitsWords[line[i]] {
 				i++
@@ -503,16 +507,16 @@ func pathsInCommand(cmd string) []string {
 			}
 			i = j
 		}
-		if !found || strings.Contains(line, "<<") {
-			break
-		}
-		rest = more
 	}
 	return out
 }
 
 // cleanPath normalizes a candidate path, returning "" when it is not one.
+// A pytest node id (tests/test_a.py::TestX::test_y) names its file.
 func cleanPath(w string) string {
+	if i := strings.Index(w, "::"); i > 0 {
+		w = w[:i]
+	}
 	w = strings.TrimSpace(w)
 	w = strings.TrimRight(w, ".:")
 	w = trimLineSuffix(w)

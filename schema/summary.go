@@ -12,7 +12,8 @@ type SummaryRequest struct {
 	Profile  Profile
 	Strategy Strategy
 	// Source is the span as Messages holds it but with tool blocks intact
-	// (fresh_start sends them as text), for what a condenser takes
+	// (fresh_start sends them as text) and unmasked (a profile that masks
+	// sends stand-ins and clipped inputs), for what a condenser takes
 	// mechanically: the files touched, the last error. Nil means Messages.
 	Source []Message
 	// Instructions are a manual condense's own instructions ("keep the

@@ -76,11 +76,13 @@ func PlanCondenseWith(msgs []schema.Message, p *schema.Profile, inputID string, 
 	case schema.StrategyPreserveFraction:
 		plan, err = planPreserveFraction(msgs, id, keep)
 		if err == nil && o.MaskResults {
+			plan.Request.Source = plan.Request.Messages
 			plan.Request.Messages = maskRequest(plan.Request.Messages, msgs)
 		}
 	default:
 		plan, err = planKeepTail(msgs, id, keep)
 		if err == nil && o.MaskResults {
+			plan.Request.Source = plan.Request.Messages
 			plan.Request.Messages = maskRequest(plan.Request.Messages, msgs)
 		}
 	}
@@ -292,11 +294,11 @@ func planFreshStart(msgs []schema.Message, id string, keep map[string]bool, mask
 	}
 	plan := &CondensePlan{Strategy: schema.StrategyFreshStart}
 	req := withDeferredToolResults(span)
+	plan.Request.Source = req // unmasked: the files touched come from whole inputs
 	if maskResults {
 		req = maskRequest(req, msgs)
 	}
 	plan.Request.Messages = toolBlocksAsText(req)
-	plan.Request.Source = req
 	commands := ""
 	if len(msgs) > 0 && !keep[msgs[0].ID] {
 		commands = commandBlocks(msgs[0])

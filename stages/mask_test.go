@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -310,5 +311,59 @@ func TestTruncationMarkerCarriesFacts(t *testing.T) {
 		"\nAn error in the hidden messages: FAILED TestX2: ValueError: bad 2"
 	if marker.Content.Text != want || marker.Tokens != charCount(marker.Content) {
 		t.Fatalf("marker %q (%d tokens), want %q", marker.Content.Text, marker.Tokens, want)
+	}
+}
+
+// A truncation that hides an older marker lists the files that marker
+// listed: the messages behind it touched them too.
+func TestTruncationMarkerCarriesOlderMarkersFiles(t *testing.T) {
+	h := historyOf(t, agentTurns(10, 40))
+	first, ok := PlanTruncation(h, 0.5, "t1", charCount)
+	if !ok {
+		t.Fatal("nothing truncated")
+	}
+	second, ok := PlanTruncation(first.History, 0.5, "t2", charCount)
+	if !ok {
+		t.Fatal("nothing truncated the second time")
+	}
+	var marker schema.Message
+	for _, m := range EffectiveHistory(second.History) {
+		if m.IsTruncationMarker {
+			marker = m
+		}
+	}
+	if marker.TruncationID != "t2" {
+		t.Fatalf("the effective history's marker is %q, want t2's (t1's is hidden)", marker.TruncationID)
+	}
+	for _, f := range []string{"src/file0.go (read)", "pkg1/ (read)", "src/file2.go (read)", "pkg3/ (read)", "src/file4.go (read)"} {
+		if !strings.Contains(marker.Content.Text, f) {
+			t.Errorf("marker %q does not name %s", marker.Content.Text, f)
+		}
+	}
+}
+
+// A profile that masks sends the summarizer clipped tool inputs, and the
+// request's Source the whole ones: the files-touched list is taken from
+// Source, so a file named at the end of a long command stays listed.
+func TestMaskedCondenseSourceKeepsWholeInputs(t *testing.T) {
+	turns := agentTurns(8, 40)
+	long := "cat > fix.py << 'EOF'\\n" + strings.Repeat("x = 1\\n", 200) + "EOF\\nmv lib/new.py lib/old.py"
+	turns[3].Content.Blocks[1] = toolUse("call1", "bash", `{"command":"`+long+`"}`)
+	h := historyOf(t, turns)
+	for _, s := range []schema.Strategy{schema.StrategyKeepTail, schema.StrategyFreshStart, schema.StrategyPreserveFraction} {
+		t.Run(string(s), func(t *testing.T) {
+			p := &schema.Profile{ID: "p", ContextWindow: 1 << 20, Strategy: s}
+			plan, err := PlanCondenseWith(h, p, "in", CondenseOptions{Keep: MustKeep(h, nil, p), MaskResults: true})
+			mustNoErr(t, err)
+			named := func(msgs []schema.Message) bool {
+				return slices.ContainsFunc(llm.FilesTouched(msgs), func(f llm.FileTouch) bool { return f.Path == "lib/old.py" })
+			}
+			if named(plan.Request.Messages) {
+				t.Fatal("the masked request holds the whole command: the test no longer tests Source")
+			}
+			if !named(plan.Request.Source) {
+				t.Fatalf("Source lost lib/old.py: %v", llm.FilesTouched(plan.Request.Source))
+			}
+		})
 	}
 }

@@ -26,25 +26,13 @@ const (
 
 // hiddenFacts is what a truncation marker says of the messages it hides,
 // mechanically and briefly, so that a truncation does not drop them
-// unseen: the files their tool calls touched and the last error lines of
+// unseen: the files their tool calls touched (all of them, grouped by
+// directory past the bound: llm.FileItems) and the last error lines of
 // their tool results ("" when there are none). Each line is bounded.
 func hiddenFacts(msgs []schema.Message) string {
 	var b strings.Builder
-	if files := llm.FilesTouched(msgs); len(files) > 0 {
-		var line strings.Builder
-		line.WriteString("\nFiles the hidden messages touched:")
-		for i, f := range files {
-			item := " " + f.Path + " (" + f.How + ")"
-			if i > 0 {
-				item = "," + item
-			}
-			if line.Len()+len(item) > maxMarkerFilesChars {
-				fmt.Fprintf(&line, " and %d more", len(files)-i)
-				break
-			}
-			line.WriteString(item)
-		}
-		b.WriteString(line.String())
+	if files := llm.MarkerFiles(llm.FilesTouched(msgs), maxMarkerFilesChars); files != "" {
+		b.WriteString("\n" + files)
 	}
 	var errs []string
 	for i := len(msgs) - 1; i >= 0 && len(errs) < markerErrors; i-- {
@@ -175,6 +163,7 @@ func PlanTruncationKeeping(msgs []schema.Message, frac float64, truncID string, 
 
 	ed := newEditor(msgs)
 	keptAt, seenFirst := -1, false
+	oldMarkers := map[string]bool{} // the older markers the new one hides
 	for i := range ed.msgs {
 		m := &ed.msgs[i]
 		switch {
@@ -186,15 +175,18 @@ func PlanTruncationKeeping(msgs []schema.Message, frac float64, truncID string, 
 			ed.tagAt(i, schema.TagTruncationParent, truncID)
 		case seenFirst && keptAt < 0 && m.IsTruncationMarker && effIDs[m.ID] && !keep[m.ID]:
 			ed.tagAt(i, schema.TagTruncationParent, truncID)
+			oldMarkers[m.ID] = true
 		}
 		if keptAt >= 0 {
 			break
 		}
 	}
 	n = len(hide)
+	// The facts of the hidden messages, and of the older markers hidden
+	// with them: the files those listed stay listed.
 	var hiddenMsgs []schema.Message
 	for i := range eff {
-		if hide[eff[i].ID] {
+		if hide[eff[i].ID] || oldMarkers[eff[i].ID] {
 			hiddenMsgs = append(hiddenMsgs, eff[i])
 		}
 	}
