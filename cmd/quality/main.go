@@ -1,8 +1,10 @@
 // Command quality replays the shared real agent runs through the context
 // engine, one row per strategy, and prints what each reduction kept: how
 // often it reduces, by how much, what it sends the summarizer, and the share
-// of the hidden file paths, error lines and commands, the task and the
-// latest instruction still in the effective history afterwards.
+// of the files the hidden tool calls touched, of the hidden file paths,
+// error lines and commands (each at the median per reduction and pooled
+// over all of them), of the task and the latest instruction still in the
+// effective history afterwards.
 //
 //	go run ./cmd/quality [--transcripts DIR] [--window N] [--threshold P]
 //	    [--jobs N] [--format text|markdown] [--json] [--base-url URL --model M]
@@ -18,6 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"runtime"
@@ -135,7 +138,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // columns are the table's headings; cells gives one row's values in order.
 var columns = []string{
 	"strategy", "reductions /100 turns", "context before → after", "reduction",
-	"summarizer tokens /100 turns", "paths kept", "error lines kept", "last error kept",
+	"summarizer tokens /100 turns", "files touched kept", "paths kept", "error lines kept", "last error kept",
 	"commands kept", "task verbatim", "latest instruction verbatim", "tool results missing",
 }
 
@@ -146,10 +149,11 @@ func cells(s quality.Stats) []string {
 		tokenCount(s.TokensBefore) + " → " + tokenCount(s.TokensAfter),
 		pct(s.ReductionPct.Value/100, s.ReductionPct.N),
 		thousands(int(s.SummarizerTokensPer100Turns + 0.5)),
-		pct(s.PathsKept.Value, s.PathsKept.N),
-		pct(s.ErrorsKept.Value, s.ErrorsKept.N),
+		medianPooled(s.FilesKept, s.FilesKeptPooled),
+		medianPooled(s.PathsKept, s.PathsKeptPooled),
+		medianPooled(s.ErrorsKept, s.ErrorsKeptPooled),
 		pct(s.LastErrorKept.Value, s.LastErrorKept.N),
-		pct(s.CommandsKept.Value, s.CommandsKept.N),
+		medianPooled(s.CommandsKept, s.CommandsKeptPooled),
 		pct(s.TaskVerbatim.Value, s.TaskVerbatim.N),
 		pct(s.LatestVerbatim.Value, s.LatestVerbatim.N),
 		fmt.Sprint(s.ToolResultsMissing),
@@ -163,7 +167,8 @@ func printTable(w io.Writer, rep report, markdown bool) {
 	}
 	fmt.Fprintf(w, "%d transcripts, %s turns; %s-token window, threshold %d %%, condenser %s.\n",
 		rep.Transcripts, thousands(turns), thousands(rep.Window), rep.Threshold, rep.Condenser)
-	fmt.Fprintf(w, "Retention and token figures are medians per reduction; shares are of reductions.\n\n")
+	fmt.Fprintf(w, "Token figures are medians per reduction; retention is the median per reduction / pooled over all\n"+
+		"reductions (kept of all hidden); shares are of reductions. Files touched: named by the span's tool inputs.\n\n")
 	if markdown {
 		fmt.Fprintf(w, "| %s |\n", strings.Join(columns, " | "))
 		fmt.Fprintf(w, "|---|%s\n", strings.Repeat("---:|", len(columns)-1))
@@ -189,11 +194,25 @@ func printTable(w io.Writer, rep report, markdown bool) {
 	fmt.Fprintln(w)
 }
 
+// medianPooled is a retention cell: the median per reduction, then the
+// pooled share.
+func medianPooled(median, pooled quality.Figure) string {
+	if median.N == 0 {
+		return "–"
+	}
+	return pct(median.Value, median.N) + " / " + pct(pooled.Value, pooled.N)
+}
+
+// pct is a share in whole percent, but never rounded up to 100 %: a
+// share short of all shows one decimal (99.8 %).
 func pct(v float64, n int) string {
 	if n == 0 {
 		return "–"
 	}
-	return fmt.Sprintf("%.0f %%", 100*v)
+	if s := fmt.Sprintf("%.0f %%", 100*v); s != "100 %" || v >= 1 {
+		return s
+	}
+	return fmt.Sprintf("%.1f %%", math.Min(100*v, 99.9))
 }
 
 func tokenCount(f quality.Figure) string {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ctxpipe/ctxpipe/internal/openaitest"
+	"github.com/ctxpipe/ctxpipe/internal/quality"
 	"github.com/ctxpipe/ctxpipe/tokens"
 )
 
@@ -104,6 +105,26 @@ func TestRunRejects(t *testing.T) {
 				t.Fatalf("exit %d, want %d; stderr %s", code, c.code, errOut.String())
 			}
 		})
+	}
+}
+
+// A retention cell is the median, then the pooled share, and a share short
+// of all never reads 100 %.
+func TestRetentionCells(t *testing.T) {
+	cases := []struct {
+		median, pooled quality.Figure
+		want           string
+	}{
+		{quality.Figure{Value: 1, N: 3}, quality.Figure{Value: 1, N: 3}, "100 % / 100 %"},
+		{quality.Figure{Value: 1, N: 131}, quality.Figure{Value: 0.99926, N: 131}, "100 % / 99.9 %"},
+		{quality.Figure{Value: 0.97, N: 9}, quality.Figure{Value: 0.9544, N: 9}, "97 % / 95 %"},
+		{quality.Figure{Value: 0.5, N: 2}, quality.Figure{Value: 0.996, N: 2}, "50 % / 99.6 %"},
+		{quality.Figure{}, quality.Figure{}, "–"},
+	}
+	for _, c := range cases {
+		if got := medianPooled(c.median, c.pooled); got != c.want {
+			t.Errorf("medianPooled(%v, %v) = %q, want %q", c.median, c.pooled, got, c.want)
+		}
 	}
 }
 

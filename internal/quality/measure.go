@@ -2,8 +2,10 @@ package quality
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 
+	"github.com/ctxpipe/ctxpipe/llm"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -34,10 +36,16 @@ type Reduction struct {
 	TokensBefore int `json:"tokens_before"`
 	TokensAfter  int `json:"tokens_after"`
 	// Hidden is the number of messages in the hidden span.
-	Hidden   int   `json:"hidden"`
-	Paths    Count `json:"paths"`
-	Errors   Count `json:"errors"`
-	Commands Count `json:"commands"`
+	Hidden int `json:"hidden"`
+	// Files are the files the span's tool calls name (FilesInInput), kept
+	// when the effective history names them or lists them (a summary's or
+	// a marker's files-touched list, a group there included).
+	Files Count `json:"files"`
+	// FilesLost are the files the effective history no longer names.
+	FilesLost []string `json:"files_lost,omitempty"`
+	Paths     Count    `json:"paths"`
+	Errors    Count    `json:"errors"`
+	Commands  Count    `json:"commands"`
 	// LastError is the hidden span's last error line, if it had one, and
 	// LastErrorKept whether the effective history still holds it.
 	LastError      string `json:"last_error,omitempty"`
@@ -95,6 +103,7 @@ func Measure(before, after []schema.Message, task, latest string) Reduction {
 	facts := Extract(span)
 	hay := NewHaystack(after)
 	r := Reduction{Hidden: len(span)}
+	r.Files, r.FilesLost = countFiles(hay, after, SpanFiles(span))
 	r.Paths = count(hay, facts.Paths)
 	r.Errors = count(hay, facts.Errors)
 	r.Commands = count(hay, facts.Commands)
@@ -115,6 +124,45 @@ func count(h Haystack, items []string) Count {
 		}
 	}
 	return c
+}
+
+// SpanFiles is every file the tool calls of span name, once each, in order.
+func SpanFiles(span []schema.Message) []string {
+	files := newSet()
+	for i := range span {
+		for _, b := range span[i].Content.BlocksOf() {
+			if b.Type == schema.BlockToolUse {
+				for _, p := range FilesInInput(b.Input) {
+					files.add(p)
+				}
+			}
+		}
+	}
+	return files.list
+}
+
+// countFiles counts the files that after still names, verbatim anywhere or
+// through the files-touched lists of its summaries and markers, and lists
+// those it does not.
+func countFiles(h Haystack, after []schema.Message, files []string) (c Count, lost []string) {
+	c.Total = len(files)
+	if len(files) == 0 {
+		return c, nil
+	}
+	var listed []llm.FileTouch
+	for i := range after {
+		if after[i].Synthetic() {
+			listed = append(listed, llm.ListedFiles(after[i].Content.OwnText("\n"))...)
+		}
+	}
+	for _, p := range files {
+		if strings.Contains(h.Norm, p) || slices.ContainsFunc(listed, func(f llm.FileTouch) bool { return f.Covers(p) }) {
+			c.Kept++
+		} else {
+			lost = append(lost, p)
+		}
+	}
+	return c, lost
 }
 
 // lastErrorLine is the last error line of the span's tool results, in the

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/ctxpipe/ctxpipe/llm"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -120,6 +121,41 @@ func TestMeasure(t *testing.T) {
 	}
 }
 
+// A file of the hidden span counts as kept when the effective history names
+// it, or when a summary's or a marker's files-touched list names or covers
+// it, braced or grouped; an agent's own text is not such a list.
+func TestMeasureFiles(t *testing.T) {
+	run := agentRun() // the calls name src/app.py (the kept task does too) and src/config.py
+	withSummary := func(s string) []schema.Message {
+		return append(pick(run, "u0"), append([]schema.Message{summary("s", s)}, pick(run, "a4", "u4")...)...)
+	}
+	mark := msg("t", schema.RoleUser, text("[Sliding window truncation: 6 messages hidden to reduce context]\n"+llm.MarkerFilesHeading+" src/** (read; 2 files)"))
+	mark.IsTruncationMarker = true
+	cases := []struct {
+		name  string
+		after []schema.Message
+		want  Count
+		lost  []string
+	}{
+		{"named by nothing", withSummary("Fixed it."), Count{2, 1}, []string{"src/config.py"}},
+		{"named verbatim", withSummary("Edited src/app.py after reading src/config.py."), Count{2, 2}, nil},
+		{"a list, one per line", withSummary(llm.FilesTouchedHeading + "\n- src/app.py (edited)\n- src/config.py (read)"), Count{2, 2}, nil},
+		{"a braced list", withSummary(llm.FilesTouchedHeading + "\n- src/{app.py,config.py} (read)"), Count{2, 2}, nil},
+		{"a group", withSummary(llm.FilesTouchedHeading + "\n- src/** (edited; 2 files)"), Count{2, 2}, nil},
+		{"another directory's group", withSummary(llm.FilesTouchedHeading + "\n- lib/** (edited; 2 files)"), Count{2, 1}, []string{"src/config.py"}},
+		{"a marker's group", append(pick(run, "u0"), mark, run[7], run[8]), Count{2, 2}, nil},
+		{"a list in the agent's own words is not one", append(pick(run, "u0"), msg("x", schema.RoleUser, text(llm.FilesTouchedHeading+"\n- src/** (read; 2 files)")), run[7], run[8]), Count{2, 1}, []string{"src/config.py"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := Measure(run, c.after, task, task)
+			if got.Files != c.want || !slices.Equal(got.FilesLost, c.lost) {
+				t.Fatalf("files %+v lost %q, want %+v lost %q", got.Files, got.FilesLost, c.want, c.lost)
+			}
+		})
+	}
+}
+
 func TestHiddenSpan(t *testing.T) {
 	run := agentRun()
 	after := pick(run, "u0", "a4", "u4")
@@ -180,6 +216,12 @@ func TestMedianAndShare(t *testing.T) {
 		if got := Median(c.in); got != c.want {
 			t.Errorf("Median(%v) = %v, want %v", c.in, got, c.want)
 		}
+	}
+	if got := Pooled([]Count{{Total: 10, Kept: 5}, {}, {Total: 2, Kept: 2}, {Total: 4, Kept: 4}}); got != (Figure{11.0 / 16, 3}) {
+		t.Errorf("Pooled = %v, want 11/16 over 3", got)
+	}
+	if got := Pooled(nil); got != (Figure{}) {
+		t.Errorf("Pooled(nil) = %v", got)
 	}
 	if got := ShareTrue([]bool{true, false, true, true}); got != (Figure{0.75, 4}) {
 		t.Errorf("ShareTrue = %v", got)

@@ -34,9 +34,17 @@ type Stats struct {
 	SummarizerTokensPer100Turns float64 `json:"summarizer_tokens_per_100_turns"`
 	// Median retention per reduction, over reductions whose hidden span had
 	// facts of that kind.
+	FilesKept    Figure `json:"files_kept"`
 	PathsKept    Figure `json:"paths_kept"`
 	ErrorsKept   Figure `json:"errors_kept"`
 	CommandsKept Figure `json:"commands_kept"`
+	// Pooled retention: the facts kept over the facts hidden, summed over
+	// every reduction, so a reduction that hid many weighs as many. A
+	// median of 100 % can hide a long span that lost some.
+	FilesKeptPooled    Figure `json:"files_kept_pooled"`
+	PathsKeptPooled    Figure `json:"paths_kept_pooled"`
+	ErrorsKeptPooled   Figure `json:"errors_kept_pooled"`
+	CommandsKeptPooled Figure `json:"commands_kept_pooled"`
 	// Shares of reductions: the last error kept (of those whose span had
 	// an error), the task and the latest instruction kept verbatim.
 	LastErrorKept  Figure `json:"last_error_kept"`
@@ -52,7 +60,8 @@ type Stats struct {
 // Summarize folds one row's runs into its Stats.
 func Summarize(row string, runs []Run) Stats {
 	s := Stats{Row: row, Transcripts: len(runs), Events: map[string]int{}}
-	var before, after, pct, paths, errs, cmds []float64
+	var before, after, pct, files, paths, errs, cmds []float64
+	var fileCounts, pathCounts, errCounts, cmdCounts []Count
 	var lastErr, task, latest []bool
 	for _, r := range runs {
 		s.Turns += r.Turns
@@ -74,11 +83,13 @@ func Summarize(row string, runs []Run) Stats {
 				pct = append(pct, 100*float64(red.TokensBefore-red.TokensAfter)/float64(red.TokensBefore))
 			}
 			for _, c := range []struct {
-				n   Count
-				out *[]float64
-			}{{red.Paths, &paths}, {red.Errors, &errs}, {red.Commands, &cmds}} {
+				n      Count
+				out    *[]float64
+				counts *[]Count
+			}{{red.Files, &files, &fileCounts}, {red.Paths, &paths, &pathCounts}, {red.Errors, &errs, &errCounts}, {red.Commands, &cmds, &cmdCounts}} {
 				if v, ok := c.n.Share(); ok {
 					*c.out = append(*c.out, v)
+					*c.counts = append(*c.counts, c.n)
 				}
 			}
 			if red.LastError != "" {
@@ -93,7 +104,9 @@ func Summarize(row string, runs []Run) Stats {
 		s.SummarizerTokensPer100Turns = 100 * float64(s.SummarizerTokens) / float64(s.Turns)
 	}
 	s.TokensBefore, s.TokensAfter, s.ReductionPct = Median(before), Median(after), Median(pct)
-	s.PathsKept, s.ErrorsKept, s.CommandsKept = Median(paths), Median(errs), Median(cmds)
+	s.FilesKept, s.PathsKept, s.ErrorsKept, s.CommandsKept = Median(files), Median(paths), Median(errs), Median(cmds)
+	s.FilesKeptPooled, s.PathsKeptPooled = Pooled(fileCounts), Pooled(pathCounts)
+	s.ErrorsKeptPooled, s.CommandsKeptPooled = Pooled(errCounts), Pooled(cmdCounts)
 	s.LastErrorKept, s.TaskVerbatim, s.LatestVerbatim = ShareTrue(lastErr), ShareTrue(task), ShareTrue(latest)
 	return s
 }
@@ -111,6 +124,24 @@ func Median(v []float64) Figure {
 		return Figure{Value: v[m], N: len(v)}
 	}
 	return Figure{Value: (v[m-1] + v[m]) / 2, N: len(v)}
+}
+
+// Pooled is the share kept of every fact the counts hold together; N is
+// how many counts (reductions) held any.
+func Pooled(counts []Count) Figure {
+	var f Figure
+	total, kept := 0, 0
+	for _, c := range counts {
+		if c.Total > 0 {
+			f.N++
+			total += c.Total
+			kept += c.Kept
+		}
+	}
+	if total > 0 {
+		f.Value = float64(kept) / float64(total)
+	}
+	return f
 }
 
 // ShareTrue is the share of true values.
