@@ -56,7 +56,9 @@ func (c *Client) Condense(ctx context.Context, conv, instructions string) (strin
 
 // Overflow reports that the model's provider answered "context window
 // exceeded" for conv: the service reduces the context by force (a condense
-// to 75 %, a truncation if that fails). It returns the input's id.
+// to 75 %, a truncation if that fails). Its events end in a reduction, or
+// in condense_failed with nothing_to_reduce when nothing could be reduced
+// (the same request would overflow again). It returns the input's id.
 func (c *Client) Overflow(ctx context.Context, conv string) (string, error) {
 	return c.control(ctx, conv, schema.Input{Kind: schema.KindOverflow})
 }

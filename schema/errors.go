@@ -53,9 +53,9 @@ const (
 	// the task, the latest instruction) alone exceed the allowed context, so
 	// no condense can bring it under; a truncation still hides what it may.
 	ReasonPinnedOverWindow Reason = "pinned_over_window"
-	// ReasonNothingToReduce: an overflow could not condense (condensing is
-	// blocked) and found nothing left to truncate; the context stays as it
-	// was.
+	// ReasonNothingToReduce: an overflow reduced nothing: no condense
+	// applied (blocked, or tried and failed) and nothing was left to
+	// truncate or mask; the context stays as it was.
 	ReasonNothingToReduce Reason = "nothing_to_reduce"
 )
 

@@ -99,13 +99,18 @@ type ContextManaging struct {
 	Threshold     int     `json:"threshold"`
 }
 
-// CondenseFailed announces a condense that did not apply; a truncation may follow.
+// CondenseFailed announces a condense that did not apply; a truncation may
+// follow. With Error ReasonNothingToReduce it ends an overflow that reduced
+// nothing at all.
 type CondenseFailed struct {
 	EventHeader
 	Error   Reason  `json:"error"`
 	Message string  `json:"message,omitempty"`
 	Cost    float64 `json:"cost"`
 	Trigger Trigger `json:"trigger"`
+	// CondenseError is, with ReasonNothingToReduce after a condense was
+	// tried, that condense's own reason (not_enough_messages, say).
+	CondenseError Reason `json:"condense_error,omitempty"`
 }
 
 // Rewind announces a rewind and what it undid.

@@ -277,6 +277,9 @@ func sampleEvents() []schema.Event {
 		&schema.ToolResultsMasked{EventHeader: h(schema.EventToolResultsMasked),
 			MaskID: "7a1c7f1a-6a0b-5e54-9b1e-3c8f2b9a7d11", Count: 12, MessagesMasked: 9,
 			PrevContextTokens: 22400, NewContextTokens: 9100, Trigger: schema.TriggerAuto},
+		&schema.CondenseFailed{EventHeader: h(schema.EventCondenseFailed),
+			Error: schema.ReasonNothingToReduce, CondenseError: schema.ReasonNotEnoughMessages,
+			Message: "the condense failed (not_enough_messages: …), and nothing is left to truncate", Trigger: schema.TriggerForced},
 	}
 }
 

@@ -87,8 +87,8 @@ func (e *Engine) Apply(ctx context.Context, st schema.ConversationState, h Histo
 		err = r.manage(Decide(st.ContextTokens, p, e.Globals, schema.TriggerManual, st.CondenseBlocked, e.Log))
 	case schema.KindOverflow:
 		d := Decide(st.ContextTokens, p, e.Globals, schema.TriggerForced, st.CondenseBlocked, e.Log)
-		if err = r.manage(d); err == nil && len(r.ch.Events) == 0 {
-			r.nothingToReduce(d)
+		if err = r.manage(d); err == nil {
+			r.ch.Events = EndUnreduced(r.ch.Events, r.nothingToReduce(d))
 		}
 	case schema.KindRewind:
 		err = r.rewind()
@@ -404,25 +404,63 @@ func (r *run) truncate(d Decision) {
 	r.log().Info("truncated", "messages", t.Removed, "prev_tokens", d.Prev, "new_tokens", next)
 }
 
-// nothingToReduce answers an overflow that changed nothing and said
-// nothing: condensing is blocked (a condense that is tried announces
-// itself), and nothing is left to truncate. Without an event the agent,
-// whose request the provider refused, would learn only from its next
-// refusal that the context is as it was.
-func (r *run) nothingToReduce(d Decision) {
-	// Only a blocked condense leads here today; the message does not
-	// assume it.
+// nothingToReduce is the event that ends an overflow that reduced nothing
+// (see EndUnreduced). Without it the agent, whose request the provider
+// refused, would learn only from its next refusal that the context is as
+// it was.
+func (r *run) nothingToReduce(d Decision) *schema.CondenseFailed {
 	why := "nothing is left to truncate"
-	if r.st.CondenseBlocked {
+	if !d.Condense { // a forced decision condenses unless blocked
 		why = "condensing is blocked after a failed summary, and " + why
 	}
-	r.ch.Events = append(r.ch.Events, &schema.CondenseFailed{
+	return &schema.CondenseFailed{
 		EventHeader: r.header(schema.EventCondenseFailed),
 		Error:       schema.ReasonNothingToReduce,
 		Message:     fmt.Sprintf("%s: the context (%d tokens counted, %d allowed) stays as it is; unpin or rewind to get under the window", why, r.st.ContextTokens, int(d.Allowed)),
 		Trigger:     d.Trigger,
-	})
-	r.log().Warn("overflow: nothing to reduce", "blocked", r.st.CondenseBlocked, "tokens", r.st.ContextTokens)
+	}
+}
+
+// reductionEvents are the events that say a reduction applied.
+var reductionEvents = map[schema.EventType]bool{
+	schema.EventCondenseContext:         true,
+	schema.EventSlidingWindowTruncation: true,
+	schema.EventToolResultsMasked:       true,
+}
+
+// EndUnreduced makes the outcome of a forced reduction explicit. evs are
+// the events it emitted; when one of them is a reduction (a condense, a
+// truncation, a masking) they are returned as they are. Otherwise the
+// context is as it was, and the events must end in nothing (a
+// condense_failed with nothing_to_reduce): an agent then knows that
+// sending the same request again will overflow again. When a condense
+// was tried and failed, its condense_failed becomes that event (one input
+// emits one event of each type), with the condense's own reason kept in
+// condense_error and its message and cost kept too; when none was tried
+// (condensing is blocked), nothing is appended.
+func EndUnreduced(evs []schema.Event, nothing *schema.CondenseFailed) []schema.Event {
+	for _, e := range evs {
+		if reductionEvents[e.Header().Type] {
+			return evs
+		}
+	}
+	for i, e := range evs {
+		f, ok := e.(*schema.CondenseFailed)
+		if !ok {
+			continue
+		}
+		if f.Error == schema.ReasonNothingToReduce {
+			return evs
+		}
+		ended := *nothing
+		ended.EventHeader = f.EventHeader
+		ended.CondenseError = f.Error
+		ended.Cost = f.Cost
+		ended.Message = schema.Clip(fmt.Sprintf("the condense failed (%s: %s), and %s", f.Error, f.Message, nothing.Message), schema.MaxMessageBytes)
+		out := append(evs[:i:i], &ended)
+		return append(out, evs[i+1:]...)
+	}
+	return append(evs, nothing)
 }
 
 func (r *run) rewind() error {
