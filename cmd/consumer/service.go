@@ -336,9 +336,28 @@ func (m *Main) Run(ctx context.Context) error {
 	if llmCfg.BaseURL != "" || llmCfg.Model != "" {
 		endpoint = strings.TrimSpace(llmCfg.BaseURL + " " + llmCfg.Model)
 	}
-	log.Info("ctxpipe running", "nats", m.nc.ConnectedUrlRedacted(), "db", dbPath, "http", c.HTTP,
+	clientURL := ""
+	if m.ns != nil && c.Listen != "" {
+		clientURL = m.ns.ClientURL()
+	}
+	log.Info("ctxpipe running", "nats", natsEndpoint(m.ns != nil, clientURL, m.nc.ConnectedUrlRedacted()), "db", dbPath, "http", c.HTTP,
 		"profiles", len(profiles.IDs()), "condenser", endpoint, "memory_limit", m.MemoryLimit)
 	return nil
+}
+
+// natsEndpoint is what the start line says of NATS: the server connected
+// to, or, for the embedded server, the URL its clients connect to
+// (clientURL), or that it opens no client port. The service's in-process
+// connection reports the clients' default URL whatever --listen says, so
+// it cannot tell.
+func natsEndpoint(embedded bool, clientURL, connected string) string {
+	switch {
+	case !embedded:
+		return connected
+	case clientURL != "":
+		return clientURL
+	}
+	return `embedded, in process only (--listen "": no client port)`
 }
 
 // lock takes the instance's name and holds it while runCtx lasts. If
