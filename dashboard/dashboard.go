@@ -37,6 +37,7 @@
 package dashboard
 
 import (
+	"context"
 	"embed"
 	"errors"
 	"fmt"
@@ -55,6 +56,16 @@ import (
 	"github.com/ctxpipe/ctxpipe/store"
 )
 
+// Reader is what the dashboard reads of the store.
+type Reader interface {
+	ConversationInfos(ctx context.Context) ([]store.ConversationInfo, error)
+	InputMark(ctx context.Context) (int64, error)
+	Load(ctx context.Context, key string) (store.Snapshot, error)
+	UpdatedAt(ctx context.Context, key string) (int64, bool, error)
+	Events(ctx context.Context, key string) ([]schema.Event, error)
+	State(ctx context.Context, key string) (schema.ConversationState, bool, error)
+}
+
 //go:embed static
 var staticFiles embed.FS
 
@@ -62,8 +73,9 @@ var staticFiles embed.FS
 // service's own.
 type Deps struct {
 	// Store is read for the conversations, their histories, states and
-	// events.
-	Store *store.Store
+	// events: a *store.Store, or the *store.Set of an instance whose state
+	// is split over files.
+	Store Reader
 	// JS reads CTX_EVENTS (an ordered consumer per open page) and publishes
 	// control inputs to CTX_IN (bus.PublishInput). Its connection's status
 	// is what the pages show as "NATS down".

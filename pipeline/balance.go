@@ -120,8 +120,8 @@ func (r *Runner) assign(live []string) {
 	a := Assign(len(r.parts), live, r.cfg.Name, r.caughtUp.Load(), r.cfg.Standby)
 	if c := r.holds.update(a.Held, a.Pull); len(c.gained) > 0 || len(c.dropped) > 0 {
 		r.Log.Info("partitions held", "gained", c.gained, "dropped", c.dropped, "standby", r.cfg.Standby, "instances", len(live))
-		if r.follower != nil {
-			r.follower.follow()
+		for _, c := range r.shards {
+			c.follower.follow()
 		}
 	}
 	defer r.syncOwned()

@@ -51,7 +51,7 @@ func (r *Runner) commit(partition int, seen uint64, entries []store.Entry) error
 		return nil
 	}
 	req := &commitReq{partition: partition, seen: seen, entries: entries, done: make(chan error, 1)}
-	r.commits <- req
+	r.shardOf(partition).commits <- req
 	return <-req.done
 }
 
@@ -246,17 +246,22 @@ func (ls *logState) appendDone(seqs map[int]uint64) {
 	}
 }
 
-// Cursor is how far this instance has read the changelog (0 before Run).
+// Cursor is how far this instance has read the changelog (0 before Run):
+// the least of its files' cursors.
 func (r *Runner) Cursor() uint64 {
 	if r.nParts.Load() == 0 {
 		return 0
 	}
-	r.log.mu.RLock()
-	defer r.log.mu.RUnlock()
-	return r.log.cur
+	var cur uint64
+	for i, c := range r.shards {
+		if at := c.log.safeCursor(); i == 0 || at < cur {
+			cur = at
+		}
+	}
+	return cur
 }
 
-// committer is the only writer of the store. It takes the workers' batches
+// committer is the only writer of its shard's file. It takes the workers' batches
 // (appending them to the changelog before committing them) and the
 // follower's records (other writers' appends), one transaction at a time:
 // with synchronous=FULL each transaction costs an fsync, so grouping many
@@ -267,29 +272,29 @@ func (r *Runner) Cursor() uint64 {
 // follower's records are applied only between rounds, never while a
 // launched round is pending: its requests were checked against the
 // partitions' foreign marks when it was launched.
-func (r *Runner) committer(follow <-chan followed) {
-	commits := r.commits
+func (c *shard) committer(follow <-chan followed) {
+	commits := c.commits
 	var next *round
 	// held are followed items that touch a partition of the pending round:
 	// they wait, in order, until it is committed.
 	var held []changelog.Item
 	for {
 		if next != nil {
-			items := append(held, r.takeFollowed(&follow, 0)...)
+			items := append(held, c.takeFollowed(&follow, 0)...)
 			held = nil
 			k := 0
-			for k < len(items) && !r.waits(next, items[k]) {
+			for k < len(items) && !c.waits(next, items[k]) {
 				k++
 			}
-			if k > 0 && r.applyFollowed(items[:k]) {
+			if k > 0 && c.applyFollowed(items[:k]) {
 				k = len(items) // the follower reads them again
 			}
 			held = items[k:]
-			next = r.finish(next, &commits)
+			next = c.finish(next, &commits)
 			continue
 		}
 		if len(held) > 0 {
-			r.applyFollowed(held)
+			c.applyFollowed(held)
 			held = nil
 			continue
 		}
@@ -302,18 +307,18 @@ func (r *Runner) committer(follow <-chan followed) {
 				commits = nil
 				continue
 			}
-			next = r.launch(append([]*commitReq{req}, r.gather(&commits, req)...))
+			next = c.launch(append([]*commitReq{req}, c.gather(&commits, req)...))
 		case it, ok := <-follow:
 			if !ok {
 				follow = nil
 				continue
 			}
 			var items []changelog.Item
-			if r.follower.current(it) {
+			if c.follower.current(it) {
 				items = append(items, it.Item)
 			}
-			if items = append(items, r.takeFollowed(&follow, 511)...); len(items) > 0 {
-				r.applyFollowed(items)
+			if items = append(items, c.takeFollowed(&follow, 511)...); len(items) > 0 {
+				c.applyFollowed(items)
 			}
 		}
 	}
@@ -322,7 +327,7 @@ func (r *Runner) committer(follow <-chan followed) {
 // takeFollowed takes the items waiting in *follow, without waiting, at most
 // limit of them (0: no limit), dropping those read before the follower's
 // last retry. It sets *follow to nil when the channel is closed.
-func (r *Runner) takeFollowed(follow *<-chan followed, limit int) []changelog.Item {
+func (c *shard) takeFollowed(follow *<-chan followed, limit int) []changelog.Item {
 	var items []changelog.Item
 	for *follow != nil && (limit == 0 || len(items) < limit) {
 		select {
@@ -331,7 +336,7 @@ func (r *Runner) takeFollowed(follow *<-chan followed, limit int) []changelog.It
 				*follow = nil
 				return items
 			}
-			if r.follower.current(it) {
+			if c.follower.current(it) {
 				items = append(items, it.Item)
 			}
 		default:
@@ -346,7 +351,8 @@ func (r *Runner) takeFollowed(follow *<-chan followed, limit int) []changelog.It
 // in bytes, since the round's changelog records are encoded in memory and
 // 4 MiB turns would make a round of a thousand inputs gigabytes. It sets
 // *commits to nil when the channel is closed.
-func (r *Runner) gather(commits *chan *commitReq, first *commitReq) []*commitReq {
+func (c *shard) gather(commits *chan *commitReq, first *commitReq) []*commitReq {
+	r := c.r
 	var reqs []*commitReq
 	n, size := 0, 0
 	if first != nil {
@@ -403,11 +409,11 @@ type round struct {
 // next appended). What this store already reflects goes through: on a
 // single instance that is every round's own record, seen while the next
 // round is pending.
-func (r *Runner) waits(next *round, it changelog.Item) bool {
+func (c *shard) waits(next *round, it changelog.Item) bool {
 	if !next.touches(it.Partition) {
 		return false
 	}
-	return it.Record != nil || it.Piece || it.Seq > r.log.applied[it.Partition]
+	return it.Record != nil || it.Piece || it.Seq > c.log.applied[it.Partition]
 }
 
 // touches tells whether the round appends to partition p.
@@ -422,9 +428,9 @@ func (rd *round) touches(p int) bool {
 
 // commitLocal commits reqs in a round of their own, not overlapping any
 // other.
-func (r *Runner) commitLocal(reqs []*commitReq) {
-	if rd := r.launch(reqs); rd != nil {
-		r.finish(rd, nil)
+func (c *shard) commitLocal(reqs []*commitReq) {
+	if rd := c.launch(reqs); rd != nil {
+		c.finish(rd, nil)
 	}
 }
 
@@ -441,11 +447,12 @@ func (r *Runner) commitLocal(reqs []*commitReq) {
 // whose record is in the log, the record is skipped as every follower and a
 // rebuild skip it, and the batch's requests are committed again, each
 // alone.
-func (r *Runner) launch(reqs []*commitReq) *round {
+func (c *shard) launch(reqs []*commitReq) *round {
+	r := c.r
 	rd := &round{t0: time.Now(), at: time.Now().UnixMilli()}
 	byPart := map[int]*partitionBatch{}
 	for _, q := range reqs {
-		if q.seen != r.log.foreignMark(q.partition) {
+		if q.seen != c.log.foreignMark(q.partition) {
 			// Prepared on a view older than a record the follower applied
 			// since (a takeover's catch-up): prepare again.
 			r.Metrics.Inc("ctxpipe_changelog_fenced_total", "")
@@ -486,8 +493,8 @@ func (r *Runner) launch(reqs []*commitReq) *round {
 	rd.seqs, rd.errs = make([]uint64, len(rd.batches)), make([]error, len(rd.batches))
 	for i, b := range rd.batches {
 		rd.appends.Add(1)
-		p, fence := b.partition, r.log.fence(b.partition)
-		r.log.appending(p)
+		p, fence := b.partition, c.log.fence(b.partition)
+		c.log.appending(p)
 		go func() {
 			defer rd.appends.Done()
 			t := time.Now()
@@ -497,7 +504,7 @@ func (r *Runner) launch(reqs []*commitReq) *round {
 				seq = 0
 			}
 			rd.seqs[i], rd.errs[i] = seq, err
-			r.log.appended(p, seq)
+			c.log.appended(p, seq)
 		}()
 	}
 	return rd
@@ -507,7 +514,8 @@ func (r *Runner) launch(reqs []*commitReq) *round {
 // launches the next round from the requests that queued meanwhile (commits
 // nil: none), commits rd, and answers its requests. It returns the next
 // round, if it launched one.
-func (r *Runner) finish(rd *round, commits *chan *commitReq) (next *round) {
+func (c *shard) finish(rd *round, commits *chan *commitReq) (next *round) {
+	r := c.r
 	defer rd.cancel()
 	// SQLite statements run under a context that cannot be cancelled:
 	// go-sqlite3 watches a cancellable one from a goroutine per statement,
@@ -515,9 +523,9 @@ func (r *Runner) finish(rd *round, commits *chan *commitReq) (next *round) {
 	sqlCtx := context.Background()
 	seqsOf := map[int]uint64{}
 	defer func() {
-		r.log.appendDone(seqsOf)
+		c.log.appendDone(seqsOf)
 		for _, b := range rd.refused {
-			r.retryAlone(b)
+			c.retryAlone(b)
 		}
 	}()
 	if rd.doomed != nil {
@@ -525,11 +533,11 @@ func (r *Runner) finish(rd *round, commits *chan *commitReq) (next *round) {
 		for i, b := range rd.batches {
 			seqsOf[b.partition] = rd.seqs[i]
 		}
-		r.failRound(rd.batches, rd.doomed)
+		c.failRound(rd.batches, rd.doomed)
 		return nil
 	}
 	t1 := time.Now()
-	tx, ok, err := r.begin(sqlCtx, rd.at, rd.batches)
+	tx, ok, err := c.begin(sqlCtx, rd.at, rd.batches)
 	tApply := time.Since(t1)
 	rd.appends.Wait()
 	tAppend := time.Since(t1)
@@ -544,7 +552,7 @@ func (r *Runner) finish(rd *round, commits *chan *commitReq) (next *round) {
 		}
 	}
 	if err != nil {
-		r.failRound(rd.batches, err)
+		c.failRound(rd.batches, err)
 		return nil
 	}
 	applied := map[*partitionBatch]bool{}
@@ -583,9 +591,9 @@ func (r *Runner) finish(rd *round, commits *chan *commitReq) (next *round) {
 		// A batch applied but not in the log: apply again without it.
 		tx.Rollback()
 		var more []*partitionBatch
-		tx, more, err = r.begin(sqlCtx, rd.at, logged)
+		tx, more, err = c.begin(sqlCtx, rd.at, logged)
 		if err != nil {
-			r.failRound(logged, err)
+			c.failRound(logged, err)
 			return nil
 		}
 		for _, b := range logged {
@@ -606,19 +614,19 @@ func (r *Runner) finish(rd *round, commits *chan *commitReq) (next *round) {
 	// appended; its fences follow this round's records. Not when requests
 	// of this one must be committed again first: they come before it.
 	if commits != nil && len(rd.refused) == 0 {
-		if reqs := r.gather(commits, nil); len(reqs) > 0 {
-			next = r.launch(reqs)
+		if reqs := c.gather(commits, nil); len(reqs) > 0 {
+			next = c.launch(reqs)
 		}
 	}
-	if err := tx.Commit(positions, r.log.cursor); err != nil {
-		r.failRound(logged, err)
+	if err := tx.Commit(positions, c.log.cursor); err != nil {
+		c.failRound(logged, err)
 		if next != nil {
 			next.doomed = err
 		}
 		return next
 	}
 	for p, seq := range positions {
-		r.log.setApplied(p, seq)
+		c.log.setApplied(p, seq)
 	}
 	r.storeWorks()
 	r.Metrics.Inc("ctxpipe_commits_total", "")
@@ -639,8 +647,8 @@ func (r *Runner) finish(rd *round, commits *chan *commitReq) (next *round) {
 		}
 		events = events || anyEvents(b.entries)
 	}
-	if events && r.Relay != nil {
-		r.Relay.Notify()
+	if events && c.relay != nil {
+		c.relay.Notify()
 	}
 	return next
 }
@@ -665,10 +673,11 @@ func anyEvents(entries []store.Entry) bool {
 // again meanwhile (their appends are fenced until the follower is done, and
 // then find the inputs stored), so an input is still acked only once it is
 // in SQLite.
-func (r *Runner) failRound(batches []*partitionBatch, err error) {
+func (c *shard) failRound(batches []*partitionBatch, err error) {
+	r := c.r
 	r.Log.Error("a commit round failed; the follower will apply what reached the changelog", "err", err)
 	r.storeFailing(err)
-	r.follower.retry()
+	c.follower.retry()
 	for _, b := range batches {
 		for _, q := range b.reqs {
 			q.done <- fmt.Errorf("commit %d inputs: %w", len(b.entries), err)
@@ -680,10 +689,10 @@ func (r *Runner) failRound(batches []*partitionBatch, err error) {
 // that one worker's bad entry does not hold the others back; a request
 // alone is answered with the store's refusal (its worker retries it, then
 // rejects it as poison).
-func (r *Runner) retryAlone(b *partitionBatch) {
+func (c *shard) retryAlone(b *partitionBatch) {
 	if len(b.reqs) > 1 {
 		for _, q := range b.reqs {
-			r.commitLocal([]*commitReq{q})
+			c.commitLocal([]*commitReq{q})
 		}
 		return
 	}
@@ -696,14 +705,14 @@ var errRefused = errors.New("the store refused the batch")
 // begin opens a transaction holding batches, dropping each batch the store
 // refuses (its refusal is kept in the batch). The transaction may hold no
 // batch at all. err is a failure of the store as a whole.
-func (r *Runner) begin(ctx context.Context, at int64, batches []*partitionBatch) (tx *store.Tx, kept []*partitionBatch, err error) {
+func (c *shard) begin(ctx context.Context, at int64, batches []*partitionBatch) (tx *store.Tx, kept []*partitionBatch, err error) {
 	kept = slices.Clone(batches)
 	for {
 		groups := make([]store.Group, len(kept))
 		for i, b := range kept {
 			groups[i] = store.Group{At: at, Entries: b.entries}
 		}
-		tx, err := r.Store.Begin(ctx, groups)
+		tx, err := c.st.Begin(ctx, groups)
 		if err == nil {
 			return tx, kept, nil
 		}
@@ -768,7 +777,8 @@ func rejectedAs(e store.Entry) string {
 
 // applyFollowed commits the records other writers appended (and moves the
 // cursor past everything else) in one transaction.
-func (r *Runner) applyFollowed(items []changelog.Item) (retried bool) {
+func (c *shard) applyFollowed(items []changelog.Item) (retried bool) {
+	r := c.r
 	type rec struct {
 		p   int
 		seq uint64
@@ -779,19 +789,19 @@ func (r *Runner) applyFollowed(items []changelog.Item) (retried bool) {
 	seen := map[int]uint64{}
 	var cursor uint64
 	for _, it := range items {
-		if it.Record == nil && !it.Piece && it.Err == nil && it.Seq > r.log.applied[it.Partition] {
+		if it.Record == nil && !it.Piece && it.Err == nil && it.Seq > c.log.applied[it.Partition] {
 			// Skipped as this instance's own append whose commit then
 			// failed: read it again, and nothing after it yet.
-			r.follower.retry()
+			c.follower.retry()
 			retried = true
 			break
 		}
 		cursor = max(cursor, it.Seq)
-		if it.Partition >= 0 && it.Partition < len(r.log.pieceHead) {
+		if it.Partition >= 0 && it.Partition < len(c.log.pieceHead) {
 			seen[it.Partition] = max(seen[it.Partition], it.Seq)
 			// Anything but a piece ends the partition's run of pieces.
 			if !it.Piece {
-				r.log.pieceHead[it.Partition] = 0
+				c.log.pieceHead[it.Partition] = 0
 			}
 		}
 		switch {
@@ -799,14 +809,14 @@ func (r *Runner) applyFollowed(items []changelog.Item) (retried bool) {
 			r.Log.Error("changelog message unreadable; skipped", "seq", it.Seq, "partition", it.Partition, "err", it.Err)
 			r.Metrics.Inc("ctxpipe_changelog_unreadable_total", "")
 		case it.Piece:
-			if it.Seq > r.log.applied[it.Partition] {
-				r.log.pieceTail[it.Partition] = it.Seq
-				if r.log.pieceHead[it.Partition] == 0 {
-					r.log.pieceHead[it.Partition] = it.Seq
+			if it.Seq > c.log.applied[it.Partition] {
+				c.log.pieceTail[it.Partition] = it.Seq
+				if c.log.pieceHead[it.Partition] == 0 {
+					c.log.pieceHead[it.Partition] = it.Seq
 				}
 			}
 			continue
-		case it.Record != nil && it.Seq > max(r.log.applied[it.Partition], positions[it.Partition]):
+		case it.Record != nil && it.Seq > max(c.log.applied[it.Partition], positions[it.Partition]):
 			recs = append(recs, rec{it.Partition, it.Seq, it.Record})
 			positions[it.Partition] = it.Seq
 		}
@@ -824,7 +834,7 @@ func (r *Runner) applyFollowed(items []changelog.Item) (retried bool) {
 		var tx *store.Tx
 		var err error
 		if len(groups) > 0 {
-			tx, err = r.Store.Begin(ctx, groups)
+			tx, err = c.st.Begin(ctx, groups)
 		}
 		var ge *store.GroupError
 		if errors.As(err, &ge) {
@@ -846,16 +856,16 @@ func (r *Runner) applyFollowed(items []changelog.Item) (retried bool) {
 		if err != nil {
 			r.Log.Error("applying the changelog failed; retrying", "err", err)
 			r.storeFailing(err)
-			r.follower.retry()
+			c.follower.retry()
 			return true
 		}
 		for p, seq := range positions {
-			r.log.setApplied(p, seq)
+			c.log.setApplied(p, seq)
 		}
 		for _, x := range recs {
-			r.log.setForeign(x.p, x.seq)
+			c.log.setForeign(x.p, x.seq)
 		}
-		r.log.setCursor(cursor)
+		c.log.setCursor(cursor)
 		changes := map[int]int{}
 		if tx != nil {
 			res := tx.Results()
@@ -868,7 +878,7 @@ func (r *Runner) applyFollowed(items []changelog.Item) (retried bool) {
 			}
 		}
 		for p, seq := range seen {
-			r.log.setSeen(p, seq)
+			c.log.setSeen(p, seq)
 			if rs, done := r.holds.progress(p, seq, changes[p]); done {
 				r.restored(rs)
 			}
@@ -883,8 +893,8 @@ func (r *Runner) applyFollowed(items []changelog.Item) (retried bool) {
 			for _, x := range recs {
 				events = events || anyEvents(x.r.Entries)
 			}
-			if events && r.Relay != nil {
-				r.Relay.Notify()
+			if events && c.relay != nil {
+				c.relay.Notify()
 			}
 		}
 		return retried

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,12 +33,15 @@ type harness struct {
 	t       *testing.T
 	nc      *nats.Conn
 	js      jetstream.JetStream
-	store   *store.Store
+	store   *store.Store // the only file, when there is one
+	set     *store.Set
 	ai      *openaitest.Server
-	relay   *store.Relay
+	relay   *store.Relay // the only file's
+	relays  []*store.Relay
 	runner  *pipeline.Runner
 	metrics *pipeline.Metrics
 	ts      int64
+	stop    func() // stops the runner and closes the files (also at cleanup)
 }
 
 // smallProfile: window 4000, max_tokens 400 → allowed 3200; the global
@@ -67,6 +70,13 @@ func startStore(t *testing.T, cfg pipeline.Config, storeOpts []store.Option, pro
 // startOn is startStore against the server at url.
 func startOn(t *testing.T, url string, cfg pipeline.Config, storeOpts []store.Option, profiles ...schema.Profile) *harness {
 	t.Helper()
+	return startFiles(t, url, cfg, storeOpts, "", 1, profiles...)
+}
+
+// startFiles is startOn with the state split over files SQLite files in
+// dir (a new directory when "").
+func startFiles(t *testing.T, url string, cfg pipeline.Config, storeOpts []store.Option, dir string, files int, profiles ...schema.Profile) *harness {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	nc := natstest.Connect(t, url)
 	js, err := jetstream.New(nc)
@@ -76,7 +86,10 @@ func startOn(t *testing.T, url string, cfg pipeline.Config, storeOpts []store.Op
 	if err := bus.EnsureStreams(ctx, js); err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "ctxpipe.db"), storeOpts...)
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	set, err := store.OpenSet(ctx, dir, files, storeOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,10 +107,13 @@ func startOn(t *testing.T, url string, cfg pipeline.Config, storeOpts []store.Op
 	}
 	// The relay never polls: every event the tests wait for must leave
 	// because the commit that stored it woke the relay.
-	relay := store.NewRelay(st, pipeline.JetStreamPublisher{JS: js}, log, store.RelayOptions{PollInterval: time.Hour})
+	var relays []*store.Relay
+	for _, st := range set.Files() {
+		relays = append(relays, store.NewRelay(st, pipeline.JetStreamPublisher{JS: js}, log, store.RelayOptions{PollInterval: time.Hour}))
+	}
 	metrics := pipeline.NewMetrics()
 	r, err := pipeline.New(cfg, pipeline.Deps{
-		JS: js, Store: st, Engine: engine, Profiles: pipeline.StaticProfiles(profiles...), Relay: relay, Log: log,
+		JS: js, Stores: set, Engine: engine, Profiles: pipeline.StaticProfiles(profiles...), Relays: relays, Log: log,
 		Metrics: metrics,
 	})
 	if err != nil {
@@ -107,17 +123,29 @@ func startOn(t *testing.T, url string, cfg pipeline.Config, storeOpts []store.Op
 	if err != nil {
 		t.Fatal(err)
 	}
-	relayDone, runDone := make(chan error, 1), make(chan error, 1)
-	go func() { relayDone <- relay.Run(ctx) }()
+	relayDone, runDone := make(chan error, len(relays)), make(chan error, 1)
+	for _, relay := range relays {
+		go func() { relayDone <- relay.Run(ctx) }()
+	}
 	go func() { runDone <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-runDone
-		<-relayDone
-		_ = stopQueries()
-		_ = st.Close()
-	})
-	return &harness{t: t, nc: nc, js: js, store: st, ai: ai, relay: relay, runner: r, metrics: metrics, ts: 1_700_000_000_000}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			<-runDone
+			for range relays {
+				<-relayDone
+			}
+			_ = stopQueries()
+			_ = set.Close()
+		})
+	}
+	t.Cleanup(stop)
+	h := &harness{t: t, nc: nc, js: js, set: set, relays: relays, ai: ai, runner: r, metrics: metrics, ts: 1_700_000_000_000, stop: stop}
+	if files == 1 {
+		h.store, h.relay = set.File(0), relays[0]
+	}
+	return h
 }
 
 func (h *harness) nextTS() int64 { h.ts += 1000; return h.ts }

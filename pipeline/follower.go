@@ -11,12 +11,13 @@ import (
 	"github.com/ctxpipe/ctxpipe/changelog"
 )
 
-// follower reads the changelog of the partitions this instance holds into
-// the committer: one ordered consumer filtered on their subjects, started
+// follower reads the changelog of the partitions of its shard this
+// instance holds into the shard's committer: one ordered consumer filtered on their subjects, started
 // again when the set changes, after failures, and when the committer asks
 // (after it failed to apply).
 type follower struct {
 	r   *Runner
+	c   *shard // whose partitions it reads
 	out chan followed
 	// gen counts the times the committer asked to read again (retry) or
 	// the set of partitions changed: what an earlier run sent and nobody
@@ -48,8 +49,8 @@ type followed struct {
 	gen uint64
 }
 
-func newFollower(r *Runner) *follower {
-	return &follower{r: r, out: make(chan followed, 1024), floor: map[int]uint64{}}
+func newFollower(c *shard) *follower {
+	return &follower{r: c.r, c: c, out: make(chan followed, 1024), floor: map[int]uint64{}}
 }
 
 // followPlan is one run: the partitions' subjects, where it starts, and
@@ -68,13 +69,13 @@ type followPlan struct {
 // store's last record of it.
 func (f *follower) plan(ctx context.Context) (followPlan, error) {
 	r := f.r
-	gained, held := r.holds.take()
+	gained, held := r.holds.take(f.c.mine)
 	f.mu.Lock()
 	started := f.started
 	f.mu.Unlock()
 	from := uint64(0)
 	if started {
-		from = r.log.safeCursor() + 1
+		from = f.c.log.safeCursor() + 1
 	}
 	if len(gained) > 0 {
 		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -91,7 +92,7 @@ func (f *follower) plan(ctx context.Context) (followPlan, error) {
 				r.holds.untake(gained[i:])
 				return followPlan{}, err
 			}
-			applied := r.log.appliedOf(p)
+			applied := f.c.log.appliedOf(p)
 			current := last <= applied
 			start := end + 1
 			if !current {
@@ -175,7 +176,7 @@ func (f *follower) run(ctx context.Context) {
 					}
 				}
 			}()
-			err = changelog.FollowLive(fctx, f.r.JS, pl.subjects, pl.from, pl.headersOnly, f.r.log.has, items)
+			err = changelog.FollowLive(fctx, f.r.JS, pl.subjects, pl.from, pl.headersOnly, f.c.log.has, items)
 			close(items)
 			<-forwarded // the next run's items come after this one's
 		}

@@ -84,14 +84,23 @@ func (h *holding) update(held, owner []bool) holdChange {
 	return c
 }
 
-// take hands the follower the gained partitions to plan, and every
-// partition held.
-func (h *holding) take() (gained, held []int) {
+// take hands a follower the gained partitions to plan, and every partition
+// held, of those that mine accepts (its shard's): the others stay pending
+// for their own follower.
+func (h *holding) take(mine func(p int) bool) (gained, held []int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	gained, h.pending = h.pending, nil
+	var rest []int
+	for _, p := range h.pending {
+		if mine(p) {
+			gained = append(gained, p)
+		} else {
+			rest = append(rest, p)
+		}
+	}
+	h.pending = rest
 	for p, ok := range h.held {
-		if ok {
+		if ok && mine(p) {
 			held = append(held, p)
 		}
 	}

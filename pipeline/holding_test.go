@@ -15,11 +15,11 @@ func TestHoldingRestoreRules(t *testing.T) {
 	if !slices.Equal(c.gained, []int{0, 1}) || len(c.dropped) != 0 {
 		t.Fatalf("change %+v", c)
 	}
-	gained, held := h.take()
+	gained, held := h.take(everyPartition)
 	if !slices.Equal(gained, []int{0, 1}) || !slices.Equal(held, []int{0, 1}) {
 		t.Fatalf("take: gained %v held %v", gained, held)
 	}
-	if g, _ := h.take(); len(g) != 0 {
+	if g, _ := h.take(everyPartition); len(g) != 0 {
 		t.Fatalf("taken twice: %v", g)
 	}
 	// Progress before the plan restores nothing.
@@ -57,15 +57,17 @@ func TestHoldingRestoreRules(t *testing.T) {
 	if h.isRestored(0) {
 		t.Fatal("regained partition restored without a plan")
 	}
-	g, _ := h.take()
+	g, _ := h.take(everyPartition)
 	h.untake(g)
-	if g2, _ := h.take(); !slices.Equal(g2, []int{0}) {
+	if g2, _ := h.take(everyPartition); !slices.Equal(g2, []int{0}) {
 		t.Fatalf("untaken partition not planned again: %v", g2)
 	}
 	// A gained partition dropped before its plan is not planned.
 	h.update([]bool{true, true, true, false}, nil)
 	h.update([]bool{true, true, false, false}, nil)
-	if g3, _ := h.take(); len(g3) != 0 {
+	if g3, _ := h.take(everyPartition); len(g3) != 0 {
 		t.Fatalf("dropped partition still pending: %v", g3)
 	}
 }
+
+func everyPartition(int) bool { return true }

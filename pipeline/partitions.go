@@ -42,18 +42,35 @@ func (r *Runner) setup(ctx context.Context) error {
 	if n == 0 {
 		return fmt.Errorf("stream %s has no partition transform (bus.EnsureStreams adds it)", bus.StreamIn)
 	}
-	pos, cursor, err := r.Store.LogPositions(ctx)
-	if err != nil {
-		return err
-	}
 	r.partitions = n
+	r.Stores.SetPartitions(n)
 	r.parts = newPartStates(n+1, false)
 	r.holds = newHolding(n + 1)
+	r.shards = make([]*shard, r.Stores.Len())
+	for i, st := range r.Stores.Files() {
+		pos, cursor, err := st.LogPositions(ctx)
+		if err != nil {
+			return err
+		}
+		c := &shard{r: r, i: i, st: st}
+		if r.Relays != nil {
+			c.relay = r.Relays[i]
+		}
+		// A file's positions of partitions now in another file (the
+		// number of files changed) are not its to follow.
+		for p := range pos {
+			if !c.mine(p) {
+				delete(pos, p)
+			}
+		}
+		c.log = newLogState(n, pos, cursor)
+		c.log.held = func(p int) bool { return c.mine(p) && r.holds.isHeld(p) }
+		c.follower = newFollower(c)
+		r.shards[i] = c
+	}
 	if err := r.ensureConsumers(ctx); err != nil {
 		return err
 	}
-	r.log = newLogState(n, pos, cursor)
-	r.log.held = r.holds.isHeld
 	// Hold (and pull, once restored) only this instance's share from the
 	// start, rather than everything until the first rebalance.
 	var live []string
@@ -63,7 +80,7 @@ func (r *Runner) setup(ctx context.Context) error {
 		}
 	}
 	r.assign(live)
-	// Published last: other goroutines read r.log once they see N.
+	// Published last: other goroutines read r.shards once they see N.
 	r.nParts.Store(int64(n))
 	return nil
 }
@@ -347,7 +364,7 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 	}
 	r.Metrics.Inc("ctxpipe_partition_terms_total", "")
 	r.Log.Info("partition taken", "partition", p, "ack_floor", floor, "replayed_unacked", gap,
-		"changelog", r.log.appliedOf(p), "took", time.Since(t0).Round(time.Millisecond))
+		"changelog", r.shardOf(p).log.appliedOf(p), "took", time.Since(t0).Round(time.Millisecond))
 	return nil
 }
 
@@ -372,11 +389,11 @@ func (r *Runner) takeOver(ctx context.Context, p int, floor, delivered uint64) (
 	wctx, wcancel := context.WithTimeout(ctx, min(5*time.Second, r.cfg.PinnedTTL/2))
 	last, err := changelog.LastOf(wctx, st, p)
 	if err == nil {
-		err = r.log.waitSeen(wctx, p, last)
+		err = r.shardOf(p).log.waitSeen(wctx, p, last)
 	}
 	if err != nil && ctx.Err() == nil {
 		r.Log.Warn("taking the partition before catching up with the changelog", "partition", p,
-			"changelog_last", last, "applied", r.log.appliedOf(p), "err", err)
+			"changelog_last", last, "applied", r.shardOf(p).log.appliedOf(p), "err", err)
 	}
 	wcancel()
 	if floor >= delivered {
@@ -520,7 +537,7 @@ func (r *Runner) Behind(ctx context.Context) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		if err := r.log.waitSeen(doneCtx, p, last); err != nil {
+		if err := r.shardOf(p).log.waitSeen(doneCtx, p, last); err != nil {
 			n++
 		}
 	}

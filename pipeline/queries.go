@@ -259,7 +259,7 @@ func decodeRequest[T any, PT interface {
 // notFound answers not_found when no conversation has key, as for one of
 // another tenant; nil when it exists.
 func (r *Runner) notFound(ctx context.Context, key, conv string) []byte {
-	_, found, err := r.Store.State(ctx, key)
+	_, found, err := r.Stores.ForKey(key).State(ctx, key)
 	switch {
 	case err != nil:
 		return queryError(err)
@@ -293,7 +293,7 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 	// The effective view reads only what no summary or marker hides:
 	// bounded by the context, not by the length of the whole history. An
 	// incremental read reads only what was appended.
-	h, err := r.Store.ReadHistory(ctx, key, req.View == schema.ViewEffective, req.After)
+	h, err := r.Stores.ForKey(key).ReadHistory(ctx, key, req.View == schema.ViewEffective, req.After)
 	if err != nil {
 		return queryError(err)
 	}
@@ -303,7 +303,7 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 		if page.msgs, ok = appendedView(h, req.View); !ok {
 			// A tool result of the appended messages answers a call further
 			// back than the tail read: read it all.
-			if h, err = r.Store.ReadHistory(ctx, key, req.View == schema.ViewEffective, 0); err != nil {
+			if h, err = r.Stores.ForKey(key).ReadHistory(ctx, key, req.View == schema.ViewEffective, 0); err != nil {
 				return queryError(err)
 			}
 		}
@@ -492,7 +492,7 @@ func (r *Runner) waitFor(ctx context.Context, conv, id string, timeout time.Dura
 	}
 	check := func() (bool, error) {
 		defer readSlot(ctx)()
-		status, reason, found, err := r.Store.InputStatusIn(ctx, conv, id)
+		status, reason, found, err := r.Stores.ForKey(conv).InputStatusIn(ctx, conv, id)
 		if err != nil || !found {
 			return false, err
 		}
@@ -552,14 +552,14 @@ func (r *Runner) Status(ctx context.Context, data []byte) []byte {
 	}
 	defer readSlot(ctx)()
 	key := keyOf(ctx, req.ConversationID)
-	st, found, err := r.Store.State(ctx, key)
+	st, found, err := r.Stores.ForKey(key).State(ctx, key)
 	if err != nil {
 		return queryError(err)
 	}
 	if !found {
 		return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", req.ConversationID))
 	}
-	stored, hidden, err := r.Store.HiddenCount(ctx, key)
+	stored, hidden, err := r.Stores.ForKey(key).HiddenCount(ctx, key)
 	if err != nil {
 		return queryError(err)
 	}
@@ -598,7 +598,7 @@ func (r *Runner) Events(ctx context.Context, data []byte) []byte {
 	}
 	defer readSlot(ctx)()
 	key := keyOf(ctx, req.ConversationID)
-	bodies, more, err := r.Store.EventBodies(ctx, key, req.After, req.Limit)
+	bodies, more, err := r.Stores.ForKey(key).EventBodies(ctx, key, req.After, req.Limit)
 	if err != nil {
 		return queryError(err)
 	}

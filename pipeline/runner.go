@@ -23,12 +23,17 @@ import (
 
 // Deps are the runner's collaborators.
 type Deps struct {
-	JS       jetstream.JetStream
+	JS jetstream.JetStream
+	// Store is the state in one file; Stores, when set, the state split
+	// over files by partition (store.Set), and Store is then ignored.
 	Store    *store.Store
+	Stores   *store.Set
 	Engine   *stages.Engine
 	Profiles *Profiles
 	// Relay is kicked after every commit so events leave at once; optional.
+	// Relays, when set, are the relays of Stores' files, in their order.
 	Relay   *store.Relay
+	Relays  []*store.Relay
 	Log     *slog.Logger
 	Metrics *Metrics
 	// Members lists the running instances, for rebalancing; optional.
@@ -53,16 +58,16 @@ type Runner struct {
 	// maxReply is the connection's max payload: a query reply must fit.
 	maxReply int
 
-	sched   *scheduler
-	commits chan *commitReq
+	sched *scheduler
+	// shards are the files of Stores with their committers and followers
+	// (shard.go), in the set's order; made by setup.
+	shards []*shard
 
 	// partitions is N, as CTX_IN's transform has it; partition N is the
 	// shared one (inputs without a tenant).
 	partitions int
 	nParts     atomic.Int64 // partitions, for other goroutines
 	clog       *changelog.Log
-	log        *logState
-	follower   *follower
 	// failing counts the partitions whose consumer is being rebuilt.
 	failing atomic.Int64
 	// caughtUp is set once the follower reached the changelog's end as of
@@ -128,8 +133,17 @@ func New(cfg Config, d Deps) (*Runner, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	if d.JS == nil || d.Store == nil || d.Engine == nil || d.Profiles == nil {
-		return nil, errors.New("pipeline: JS, Store, Engine and Profiles are required")
+	if d.JS == nil || (d.Store == nil && d.Stores == nil) || d.Engine == nil || d.Profiles == nil {
+		return nil, errors.New("pipeline: JS, Store (or Stores), Engine and Profiles are required")
+	}
+	if d.Stores == nil {
+		d.Stores = store.NewSet(d.Store)
+	}
+	if d.Relays == nil && d.Relay != nil {
+		d.Relays = []*store.Relay{d.Relay}
+	}
+	if d.Relays != nil && len(d.Relays) != d.Stores.Len() {
+		return nil, fmt.Errorf("pipeline: %d relays for %d store files", len(d.Relays), d.Stores.Len())
 	}
 	if d.Log == nil {
 		d.Log = slog.Default()
@@ -201,11 +215,12 @@ func (r *Runner) Run(ctx context.Context) error {
 		return err
 	}
 	r.sched = newScheduler()
-	r.commits = make(chan *commitReq, r.cfg.Lanes)
 	followCtx, stopFollowing := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopFollowing()
-	r.follower = newFollower(r)
-	go r.follower.run(followCtx)
+	for _, c := range r.shards {
+		c.commits = make(chan *commitReq, r.cfg.Lanes)
+		go c.follower.run(followCtx)
+	}
 	go r.catchUp(followCtx)
 	var workers, committer sync.WaitGroup
 	for range r.cfg.Lanes {
@@ -215,11 +230,13 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.worker(work)
 		}()
 	}
-	committer.Add(1)
-	go func() {
-		defer committer.Done()
-		r.committer(r.follower.out)
-	}()
+	for _, c := range r.shards {
+		committer.Add(1)
+		go func() {
+			defer committer.Done()
+			c.committer(c.follower.out)
+		}()
+	}
 	hbDone := make(chan struct{})
 	go r.heartbeat(hbDone)
 
@@ -239,7 +256,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		<-stopped
 	}
 	t.Stop()
-	close(r.commits)
+	for _, c := range r.shards {
+		close(c.commits)
+	}
 	stopFollowing()
 	committer.Wait()
 	close(hbDone)
@@ -363,7 +382,7 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 	start, backoff := time.Now(), 50*time.Millisecond
 	for {
 		p := batch[0].partition
-		seen := r.log.foreignMark(p)
+		seen := r.shardOf(p).log.foreignMark(p)
 		t0 := time.Now()
 		entries, err := r.prepare(ctx, batch)
 		t1 := time.Now()
@@ -415,7 +434,7 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 func (r *Runner) poison(j *job, cause error) bool {
 	e := r.rejection(j, "", schema.Errorf(schema.ReasonPoison, "gave up after the retry budget: %v", cause))
 	// A rejection reads nothing of the conversation: any view will do.
-	if err := r.commit(j.partition, r.log.foreignMark(j.partition), []store.Entry{e}); err != nil {
+	if err := r.commit(j.partition, r.shardOf(j.partition).log.foreignMark(j.partition), []store.Entry{e}); err != nil {
 		r.Log.Error("cannot record a poison input; keeping it and retrying", "seq", j.seq, "err", err)
 		return false
 	}
@@ -486,7 +505,9 @@ func (r *Runner) prepare(ctx context.Context, batch []*job) ([]store.Entry, erro
 			ids = append(ids, in.ID)
 		}
 	}
-	stored, err := r.Store.SeenInputs(ctx, ids)
+	// A batch is one conversation's, so one partition's: one file.
+	st := r.storeOf(batch[0].partition)
+	stored, err := st.SeenInputs(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -517,7 +538,7 @@ func (r *Runner) prepare(ctx context.Context, batch []*job) ([]store.Entry, erro
 		case dup:
 			e = r.reusedID(j, it.in, prev, seen)
 		default:
-			if e, err = r.apply(ctx, j, it.in, views, seen); err != nil {
+			if e, err = r.apply(ctx, st, j, it.in, views, seen); err != nil {
 				return nil, err
 			}
 			taken[it.in.ID] = store.SeenInput{ConversationID: it.in.ConversationID, PayloadHash: j.payloadHash()}
@@ -591,14 +612,14 @@ func (r *Runner) decode(j *job) (schema.Input, *store.Entry) {
 }
 
 // apply runs the engine for one decoded input.
-func (r *Runner) apply(ctx context.Context, j *job, in schema.Input, views map[string]*convView, seen map[string]bool) (*store.Entry, error) {
+func (r *Runner) apply(ctx context.Context, s *store.Store, j *job, in schema.Input, views map[string]*convView, seen map[string]bool) (*store.Entry, error) {
 	v := views[in.ConversationID]
 	if v == nil {
-		st, _, err := r.Store.State(ctx, in.ConversationID)
+		st, _, err := s.State(ctx, in.ConversationID)
 		if err != nil {
 			return nil, fmt.Errorf("load state of %s: %w", in.ConversationID, err)
 		}
-		v = &convView{s: r.Store, conv: in.ConversationID, state: st}
+		v = &convView{s: s, conv: in.ConversationID, state: st}
 		views[in.ConversationID] = v
 	}
 	pid := v.state.ProfileID

@@ -301,7 +301,7 @@ func TestRunCondensesServesQueriesAndSurvivesRestart(t *testing.T) {
 	// The relay publishes after the commit: flush it, then read the stream.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := m.relay.Flush(ctx); err != nil {
+	if err := m.relays.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
 	evs := readEvents(t, svc.js, "ctx.events.acme."+conv+".>")

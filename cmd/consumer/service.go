@@ -57,6 +57,9 @@ type Config struct {
 	// its own). Name is this instance's, unique among those running.
 	Partitions int
 	Name       string
+	// StoreFiles is how many SQLite files the state is split over, by
+	// partition (store.Set): each has its own committer.
+	StoreFiles int
 	// Rebuild, when set, rebuilds the SQLite file from CTX_STATE, proves it
 	// identical to the current one and exits instead of serving.
 	Rebuild bool
@@ -78,6 +81,7 @@ func DefaultConfig() Config {
 		LogFormat:  "text",
 		Retention:  7 * 24 * time.Hour,
 		Partitions: bus.DefaultPartitions,
+		StoreFiles: 1,
 		PruneEvery: time.Hour,
 		Globals:    schema.DefaultGlobals(),
 		Pipeline:   pipeline.DefaultConfig(),
@@ -94,8 +98,8 @@ type Main struct {
 
 	ns          *server.Server
 	nc          *nats.Conn
-	store       *store.Store
-	relay       *store.Relay
+	stores      *store.Set
+	relays      relays
 	runner      *pipeline.Runner
 	metrics     *pipeline.Metrics
 	http        *http.Server
@@ -130,6 +134,7 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "replicas of CTX_IN, CTX_EVENTS and the buckets (3 on a cluster; 0: 1 when creating them, an existing stream's as they are); an existing stream's are raised when asked, never lowered")
 	fs.IntVar(&c.Partitions, "partitions", c.Partitions, "partitions of CTX_IN when ctxpipe creates it (fixed for a deployment: an existing stream keeps its own)")
+	fs.IntVar(&c.StoreFiles, "store-files", c.StoreFiles, "SQLite files the state is split over by partition, each committed by its own writer (more: more commits at once)")
 	fs.StringVar(&c.Name, "name", c.Name, "this instance's name, unique among the running instances (default: host name and a hash of the data dir)")
 	fs.BoolVar(&c.Rebuild, "rebuild", c.Rebuild, "rebuild the SQLite file from CTX_STATE alone, prove it identical to the current one, and exit")
 	fs.DurationVar(&c.Retention, "retention", c.Retention, "how long published outbox rows and rejected payloads are kept (history, events and applied inputs are kept for ever)")
@@ -265,8 +270,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	dbPath := filepath.Join(c.DataDir, "ctxpipe.db")
-	if m.store, err = store.Open(ctx, dbPath, store.WithLogger(log.With("component", "store"))); err != nil {
+	if m.stores, err = openStores(ctx, c.DataDir, c.StoreFiles, log); err != nil {
 		return err
 	}
 	m.metrics = pipeline.NewMetrics()
@@ -279,39 +283,43 @@ func (m *Main) Run(ctx context.Context) error {
 	engine := stages.NewEngine(llm.NewRouter(llmCfg, log))
 	engine.Globals, engine.Log = c.Globals, log
 	engine.Progress = pipeline.ProgressPublisher(js, log)
-	m.relay = store.NewRelay(m.store, pipeline.JetStreamPublisher{JS: js}, log, store.RelayOptions{DuplicateWindow: bus.DuplicateWindow})
+	for _, st := range m.stores.Files() {
+		m.relays = append(m.relays, store.NewRelay(st, pipeline.JetStreamPublisher{JS: js}, log, store.RelayOptions{DuplicateWindow: bus.DuplicateWindow}))
+	}
 	pcfg := c.Pipeline
 	pcfg.Name = m.Config.Name
 	m.runner, err = pipeline.New(pcfg, pipeline.Deps{
-		JS: js, Store: m.store, Engine: engine, Profiles: profiles, Relay: m.relay, Log: log, Metrics: m.metrics,
+		JS: js, Stores: m.stores, Engine: engine, Profiles: profiles, Relays: m.relays, Log: log, Metrics: m.metrics,
 		Members: members,
 	})
 	if err != nil {
 		return err
 	}
 	m.metrics.Gauge("ctxpipe_outbox_pending", "Events committed but not yet published.", func(ctx context.Context) (float64, error) {
-		n, err := m.relay.Pending(ctx)
+		n, err := m.relays.Pending(ctx)
 		return float64(n), err
 	})
 	m.metrics.Gauge("ctxpipe_outbox_skipped", "Events the relay gave up on since start because they can never be published (larger than the server or CTX_EVENTS takes); they stay stored.", func(context.Context) (float64, error) {
-		return float64(m.relay.Skipped()), nil
+		return float64(m.relays.Skipped()), nil
 	})
 	m.metrics.Gauge("ctxpipe_inputs_held", "Inputs fetched and not yet acked (queued for their conversation or being applied).", func(context.Context) (float64, error) {
 		return float64(m.runner.Held()), nil
 	})
 	m.metrics.Gauge("ctxpipe_conversations", "Conversations stored.", func(ctx context.Context) (float64, error) {
-		n, err := m.store.ConversationCount(ctx)
+		n, err := m.stores.ConversationCount(ctx)
 		return float64(n), err
 	})
 	if m.queries, err = m.runner.ServeQueries(runCtx, m.nc); err != nil {
 		return fmt.Errorf("serve queries: %w", err)
 	}
-	go store.RunPruner(runCtx, m.store, c.PruneEvery, c.Retention, log)
+	for _, st := range m.stores.Files() {
+		go store.RunPruner(runCtx, st, c.PruneEvery, c.Retention, log)
+	}
 	// The relay outlives the runner: Close flushes it after the last commit.
 	relayCtx, cancelRelay := context.WithCancel(context.WithoutCancel(ctx))
 	m.cancelRelay = cancelRelay
 	m.relayEnd = make(chan error, 1)
-	go func() { m.relayEnd <- m.relay.Run(relayCtx) }()
+	go func() { m.relayEnd <- m.relays.Run(relayCtx) }()
 	m.runDone = make(chan error, 1)
 	go func() {
 		err := m.runner.Run(runCtx)
@@ -329,7 +337,7 @@ func (m *Main) Run(ctx context.Context) error {
 			hosts = append(hosts, h)
 		}
 	}
-	if err := m.serveHTTP(dashboard.Deps{Store: m.store, JS: js, Profiles: profiles, Globals: c.Globals, Log: log, Hosts: hosts}); err != nil {
+	if err := m.serveHTTP(dashboard.Deps{Store: m.stores, JS: js, Profiles: profiles, Globals: c.Globals, Log: log, Hosts: hosts}); err != nil {
 		return err
 	}
 	endpoint := "offline extractive condenser"
@@ -340,7 +348,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.ns != nil && c.Listen != "" {
 		clientURL = m.ns.ClientURL()
 	}
-	log.Info("ctxpipe running", "nats", natsEndpoint(m.ns != nil, clientURL, m.nc.ConnectedUrlRedacted()), "db", dbPath, "http", c.HTTP,
+	log.Info("ctxpipe running", "nats", natsEndpoint(m.ns != nil, clientURL, m.nc.ConnectedUrlRedacted()), "db", filepath.Join(c.DataDir, store.SetFileName(0)), "store_files", m.stores.Len(), "http", c.HTTP,
 		"profiles", len(profiles.IDs()), "condenser", endpoint, "memory_limit", m.MemoryLimit)
 	return nil
 }
@@ -470,7 +478,7 @@ func (m *Main) serveHTTP(dd dashboard.Deps) error {
 	// /healthz: the process is alive and its SQLite file answers. A
 	// supervisor restarts the process when this fails.
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		if _, err := m.store.ConversationCount(r.Context()); err != nil {
+		if _, err := m.stores.ConversationCount(r.Context()); err != nil {
 			http.Error(w, "sqlite: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
@@ -552,7 +560,7 @@ func (m *Main) close() error {
 	}
 	if m.relayEnd != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		errs = append(errs, m.relay.Flush(ctx))
+		errs = append(errs, m.relays.Flush(ctx))
 		cancel()
 		m.cancelRelay()
 		errs = append(errs, <-m.relayEnd)
@@ -562,8 +570,8 @@ func (m *Main) close() error {
 		errs = append(errs, m.http.Shutdown(ctx))
 		cancel()
 	}
-	if m.store != nil {
-		errs = append(errs, m.store.Close())
+	if m.stores != nil {
+		errs = append(errs, m.stores.Close())
 	}
 	if m.nc != nil {
 		errs = append(errs, m.nc.Drain())
