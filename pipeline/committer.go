@@ -638,6 +638,8 @@ func (c *shard) finish(rd *round, commits *chan *commitReq) (next *round) {
 	r.Metrics.Observe("ctxpipe_commit_phase_seconds", `phase="apply"`, tApply)
 	r.Metrics.Observe("ctxpipe_commit_phase_seconds", `phase="append"`, tAppend-tApply)
 	r.Metrics.Observe("ctxpipe_commit_phase_seconds", `phase="sync"`, time.Since(t1)-tAppend)
+	// Per file: its committer's busy time, the serial part of its commits.
+	r.Metrics.Observe("ctxpipe_commit_file_seconds", fmt.Sprintf(`file="%d"`, c.i), time.Since(t1))
 	results := tx.Results()
 	events := false
 	for i, b := range logged {

@@ -161,6 +161,7 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	r.Metrics.Help("ctxpipe_changelog_changes_total", "Inputs' changes applied from those records (not counted in ctxpipe_inputs_total).")
 	r.Metrics.Help("ctxpipe_changelog_unreadable_total", "Changelog messages or records skipped because they could not be read or applied.")
 	r.Metrics.Help("ctxpipe_input_stage_seconds", "Where committed inputs spent their time, summed per input: delivery (stored in CTX_IN, by the server's clock, to fetched here), queued (fetched to taken by a worker), prepare (the engine), commit (the commit round, fsync included).")
+	r.Metrics.Help("ctxpipe_commit_file_seconds", "Time each file's committer spent on its commit rounds (the SQL, the wait for the appends, the commit): the serial part of that file's commits.")
 	r.Metrics.Help("ctxpipe_partition_terms_total", "Partitions this instance took (a new pin: catch up, replay the unacked inputs).")
 	r.Metrics.Help("ctxpipe_partitions_adopted_total", "Partitions whose unacked inputs this instance applied because their owner went silent while nobody held the pin (no new input to start a term).")
 	r.Metrics.Gauge("ctxpipe_partitions_owned", "Partitions this instance received inputs for, under its pin, in the last 30 s.", func(context.Context) (float64, error) {

@@ -20,6 +20,9 @@ import (
 // was to replace.
 var errNotIdentical = errors.New("the rebuilt database differs from the current one; both are kept")
 
+// errSplitRebuild refuses to rebuild a state split over several files.
+var errSplitRebuild = errors.New("--rebuild handles a data dir of one SQLite file (--store-files 1); with several, stop the instance and move its ctxpipe*.db files away: it restores its partitions from CTX_STATE at start")
+
 // RebuildDB rebuilds the instance's SQLite file from CTX_STATE alone (the
 // instance must be stopped). With a current file, it rebuilds exactly the
 // changelog positions that file reached, compares the two table by table,
@@ -49,7 +52,13 @@ func (m *Main) RebuildDB(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	current := filepath.Join(m.Config.DataDir, "ctxpipe.db")
+	// One file only, so far: a state split over files (--store-files) is
+	// rebuilt by removing its files, which the instance then restores from
+	// CTX_STATE as it restores any partition it gains (operations.md 4.3).
+	if _, err := os.Stat(filepath.Join(m.Config.DataDir, store.SetFileName(1))); m.Config.StoreFiles > 1 || err == nil {
+		return errSplitRebuild
+	}
+	current := filepath.Join(m.Config.DataDir, store.SetFileName(0))
 	rebuilt := current + ".rebuild"
 	var opts changelog.RebuildOptions
 	_, statErr := os.Stat(current)
