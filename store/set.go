@@ -44,9 +44,11 @@ func SetFileName(i int) string {
 }
 
 // DefaultSetFiles is how many files an instance keeps its state in by
-// default: more lets more commits run at once, each costing a writer
-// connection, a checkpointer and a share of the caches.
-const DefaultSetFiles = 8
+// default. More let more commits run at once where cores are free, but
+// each file commits only its partitions' share of a round, so they make
+// more, smaller transactions (an fsync and a changelog round trip each):
+// on a 2-core machine one or two files were fastest (operations.md 4.7).
+const DefaultSetFiles = 1
 
 // OpenSet opens (creating as needed) files SQLite files in dir. The message
 // cache (WithMessageCache) is shared out: each file gets its share of it.

@@ -81,7 +81,7 @@ func DefaultConfig() Config {
 		LogFormat:  "text",
 		Retention:  7 * 24 * time.Hour,
 		Partitions: bus.DefaultPartitions,
-		StoreFiles: 1,
+		StoreFiles: store.DefaultSetFiles,
 		PruneEvery: time.Hour,
 		Globals:    schema.DefaultGlobals(),
 		Pipeline:   pipeline.DefaultConfig(),
