@@ -52,14 +52,15 @@ func TestRebuildIsByteIdentical(t *testing.T) {
 	}
 	h.publishRaw(schema.InputSubject("acme.bad", schema.KindTurn), "bad-1", []byte(`{"id": nope`))
 	ctx := context.Background()
-	applied := func(ids ...string) func() bool {
+	applied := func(conv string, ids ...string) func() bool {
+		tenant, _ := schema.SplitKey(conv)
 		return func() bool {
-			seen, err := h.store.SeenInputs(ctx, ids)
+			seen, err := h.store.SeenInputs(ctx, tenant, ids)
 			return err == nil && len(seen) == len(ids)
 		}
 	}
 	for _, l := range last {
-		waitFor(t, applied(l.id))
+		waitFor(t, applied(l.conv, l.id))
 	}
 	// plain-run was truncated many times: rewind it to its middle.
 	msgs, err := h.store.Messages(ctx, "plain-run")
@@ -67,7 +68,7 @@ func TestRebuildIsByteIdentical(t *testing.T) {
 		t.Fatal(err)
 	}
 	rw := h.control("plain-run", schema.KindRewind, schema.Input{TS: msgs[len(msgs)/2].TS})
-	waitFor(t, applied(rw))
+	waitFor(t, applied("plain-run", rw))
 
 	// The rejection of the bad input has no id of its own to wait for.
 	waitFor(t, func() bool {
@@ -228,7 +229,7 @@ func TestStaleViewIsPreparedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool {
-		seen, err := h.store.SeenInputs(ctx, []string{tn.ID})
+		seen, err := h.store.SeenInputs(ctx, "", []string{tn.ID})
 		return err == nil && len(seen) == 1
 	})
 	close(release)
@@ -297,7 +298,7 @@ func TestRefusedRecordIsSkippedAlike(t *testing.T) {
 	waitFor(t, func() bool { return h.metrics.Value("ctxpipe_changelog_unreadable_total", "") >= 1 })
 	after := h.turns(conv, 2, 20)
 	h.history(conv, schema.ViewFull, after[1].ID)
-	if seen, err := h.store.SeenInputs(ctx, []string{tn.ID}); err != nil || len(seen) != 0 {
+	if seen, err := h.store.SeenInputs(ctx, "", []string{tn.ID}); err != nil || len(seen) != 0 {
 		t.Fatalf("the refused record's input is stored (%v, %v)", seen, err)
 	}
 

@@ -116,6 +116,13 @@ func (j *job) payloadHash() [32]byte {
 	return j.hash
 }
 
+// tenant is the tenant the input came from, as its subject names it: the
+// scope of its id (store.InputRecord.Tenant reads the same).
+func (j *job) tenant() string { return schema.SubjectTenant(j.subject) }
+
+// inputKey identifies an input: its id is unique within its tenant only.
+type inputKey struct{ tenant, id string }
+
 // storedPayload is the job's payload as an input row keeps it, with the
 // whole payload's hash and size.
 func (j *job) storedPayload(status store.Status) ([]byte, *store.StoredPayload) {
@@ -498,24 +505,34 @@ func (r *Runner) prepare(ctx context.Context, batch []*job) ([]store.Entry, erro
 		rej *store.Entry
 	}
 	items := make([]item, len(batch))
-	ids := make([]string, 0, len(batch))
+	// Input ids are unique per tenant. A batch is one conversation's, so
+	// one tenant's; grouped anyway, so that no id is ever looked up in
+	// another tenant's.
+	ids := map[string][]string{}
 	for i, j := range batch {
 		in, rej := r.decode(j)
 		items[i] = item{in, rej}
 		if rej == nil {
-			ids = append(ids, in.ID)
+			tenant := j.tenant()
+			ids[tenant] = append(ids[tenant], in.ID)
 		}
 	}
 	// A batch is one conversation's, so one partition's: one file.
 	st := r.storeOf(batch[0].partition)
-	stored, err := st.SeenInputs(ctx, ids)
-	if err != nil {
-		return nil, err
+	stored := map[inputKey]store.SeenInput{}
+	for tenant, group := range ids {
+		seen, err := st.SeenInputs(ctx, tenant, group)
+		if err != nil {
+			return nil, err
+		}
+		for id, si := range seen {
+			stored[inputKey{tenant, id}] = si
+		}
 	}
 	views := map[string]*convView{}
-	seen := map[string]bool{}
+	seen := map[inputKey]bool{}
 	// taken holds this batch's applied inputs, as the store will hold them.
-	taken := map[string]store.SeenInput{}
+	taken := map[inputKey]store.SeenInput{}
 	entries := make([]store.Entry, 0, len(batch))
 	for i, j := range batch {
 		var e *store.Entry
@@ -527,9 +544,10 @@ func (r *Runner) prepare(ctx context.Context, batch []*job) ([]store.Entry, erro
 			}
 			continue
 		}
-		prev, dup := taken[it.in.ID]
+		key := inputKey{j.tenant(), it.in.ID}
+		prev, dup := taken[key]
 		if !dup {
-			prev, dup = stored[it.in.ID]
+			prev, dup = stored[key]
 		}
 		switch {
 		case dup && sameInput(prev, it.in.ConversationID, j.payloadHash()):
@@ -539,10 +557,11 @@ func (r *Runner) prepare(ctx context.Context, batch []*job) ([]store.Entry, erro
 		case dup:
 			e = r.reusedID(j, it.in, prev, seen)
 		default:
+			var err error
 			if e, err = r.apply(ctx, st, j, it.in, views, seen); err != nil {
 				return nil, err
 			}
-			taken[it.in.ID] = store.SeenInput{ConversationID: it.in.ConversationID, PayloadHash: j.payloadHash()}
+			taken[key] = store.SeenInput{ConversationID: it.in.ConversationID, PayloadHash: j.payloadHash()}
 		}
 		if e != nil {
 			entries = append(entries, *e)
@@ -577,7 +596,7 @@ func sameInput(prev store.SeenInput, conv string, hash [32]byte) bool {
 // in another conversation (duplicate_id). The rejection is recorded under an
 // id derived from the input id, the conversation and the content, so it is
 // idempotent itself and never collides with the input that owns the id.
-func (r *Runner) reusedID(j *job, in schema.Input, prev store.SeenInput, seen map[string]bool) *store.Entry {
+func (r *Runner) reusedID(j *job, in schema.Input, prev store.SeenInput, seen map[inputKey]bool) *store.Entry {
 	h := j.payloadHash()
 	where := "with other content"
 	if prev.ConversationID != in.ConversationID {
@@ -613,7 +632,7 @@ func (r *Runner) decode(j *job) (schema.Input, *store.Entry) {
 }
 
 // apply runs the engine for one decoded input.
-func (r *Runner) apply(ctx context.Context, s *store.Store, j *job, in schema.Input, views map[string]*convView, seen map[string]bool) (*store.Entry, error) {
+func (r *Runner) apply(ctx context.Context, s *store.Store, j *job, in schema.Input, views map[string]*convView, seen map[inputKey]bool) (*store.Entry, error) {
 	v := views[in.ConversationID]
 	if v == nil {
 		st, _, err := s.State(ctx, in.ConversationID)
@@ -655,7 +674,7 @@ func (r *Runner) apply(ctx context.Context, s *store.Store, j *job, in schema.In
 	}
 	v.state = ch.State
 	v.pending = append(v.pending, ch)
-	seen[in.ID] = true
+	seen[inputKey{j.tenant(), in.ID}] = true
 	payload, stored := j.storedPayload(store.StatusApplied)
 	return &store.Entry{
 		Input: store.InputRecord{
@@ -667,11 +686,12 @@ func (r *Runner) apply(ctx context.Context, s *store.Store, j *job, in schema.In
 }
 
 // once drops a second copy of the same rejected input in one batch.
-func (r *Runner) once(e *store.Entry, seen map[string]bool) *store.Entry {
-	if seen[e.Input.ID] {
+func (r *Runner) once(e *store.Entry, seen map[inputKey]bool) *store.Entry {
+	key := inputKey{e.Input.Tenant(), e.Input.ID}
+	if seen[key] {
 		return nil
 	}
-	seen[e.Input.ID] = true
+	seen[key] = true
 	return e
 }
 
@@ -709,7 +729,7 @@ func (r *Runner) rejection(j *job, id string, cause error) store.Entry {
 		},
 		Changes: &schema.Changes{Events: []schema.Event{&schema.InputRejected{
 			EventHeader: schema.EventHeader{
-				ID: stages.DeriveID(id, "event/input_rejected"), Type: schema.EventInputRejected,
+				ID: stages.DeriveID(stages.Scope(j.tenant(), id), "event/input_rejected"), Type: schema.EventInputRejected,
 				ConversationID: conv, TS: ts, InputID: id,
 			},
 			Reason: reason, Message: msg, Subject: subject,

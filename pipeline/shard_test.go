@@ -58,7 +58,8 @@ func TestStateSplitOverFiles(t *testing.T) {
 	}
 	applied := func(key string) func() bool {
 		return func() bool {
-			seen, err := h.set.File(fileOf(key)).SeenInputs(ctx, []string{last[key]})
+			tenant, _ := schema.SplitKey(key)
+			seen, err := h.set.File(fileOf(key)).SeenInputs(ctx, tenant, []string{last[key]})
 			return err == nil && len(seen) == 1
 		}
 	}

@@ -238,7 +238,7 @@ func (r *run) manage(d Decision) error {
 func (r *run) mask(d Decision) bool {
 	before := effectiveTokens(r.st.SystemTokens, r.hist)
 	o := MaskOptions{KeepLast: r.p.MaskKeepLast(), ExcludeTools: r.p.Mask.ExcludeTools, Keep: r.keep}
-	m, ok := PlanMask(r.hist, o, DeriveID(r.in.ID, "mask"), r.in.TS, r.ctr.Content)
+	m, ok := PlanMask(r.hist, o, DeriveID(InputScope(r.in), "mask"), r.in.TS, r.ctr.Content)
 	if !ok {
 		return false
 	}
@@ -284,7 +284,7 @@ func (r *run) condense(d Decision) (bool, error) {
 	// fudge factor), so either would let a summary that grows the context
 	// pass.
 	before := effectiveTokens(r.st.SystemTokens, r.hist)
-	plan, planErr := PlanCondenseWith(r.hist, r.p, r.in.ID, CondenseOptions{Keep: r.keep, Instructions: r.in.Instructions, MaskResults: r.p.Mask.Enabled})
+	plan, planErr := PlanCondenseWith(r.hist, r.p, InputScope(r.in), CondenseOptions{Keep: r.keep, Instructions: r.in.Instructions, MaskResults: r.p.Mask.Enabled})
 	kept := keptTokens(r.st.SystemTokens, r.hist, r.keep)
 	keptOver := len(r.keep) > 0 && d.Allowed > 0 && float64(kept) > d.Allowed
 	if planErr == nil && !keptOver && d.Trigger == schema.TriggerAuto {
@@ -385,7 +385,7 @@ func VerifyShrink(prev, next int) error {
 }
 
 func (r *run) truncate(d Decision) {
-	t, ok := PlanTruncationKeeping(r.hist, TruncateFraction, DeriveID(r.in.ID, "truncation"), r.keep, r.ctr.Content)
+	t, ok := PlanTruncationKeeping(r.hist, TruncateFraction, DeriveID(InputScope(r.in), "truncation"), r.keep, r.ctr.Content)
 	if !ok {
 		r.log().Warn("over the allowed context, but there is nothing left to truncate", "tokens", d.Prev, "allowed", d.Allowed)
 		return
@@ -586,7 +586,7 @@ func (r *run) merge(ch schema.Changes, hist []schema.Message) {
 
 func (r *run) header(t schema.EventType) schema.EventHeader {
 	return schema.EventHeader{
-		ID:             DeriveID(r.in.ID, "event/"+string(t)),
+		ID:             DeriveID(InputScope(r.in), "event/"+string(t)),
 		Type:           t,
 		ConversationID: r.in.ConversationID,
 		TS:             r.in.TS,

@@ -31,9 +31,10 @@ const (
 // until Prune clears them. Every row keeps the whole payload's sha256
 // (PayloadHash) and size.
 type InputRecord struct {
-	// ID is the idempotency key. It must not be empty: for a payload whose id
-	// cannot be read, the caller picks a stable substitute (for example one
-	// derived from the JetStream stream sequence).
+	// ID is the idempotency key, together with Tenant. It must not be
+	// empty: for a payload whose id cannot be read, the caller picks a
+	// stable substitute (for example one derived from the JetStream stream
+	// sequence).
 	ID string
 	// ConversationID may be empty only for a rejected input whose subject
 	// named no usable conversation.
@@ -57,6 +58,12 @@ type StoredPayload struct {
 	Hash [32]byte
 	Size int
 }
+
+// Tenant is the tenant the input came from, read from its subject as
+// published (schema.SubjectTenant): "" for the service's own account, or for
+// a subject that names no valid tenant. Input ids are unique per tenant: the
+// same id from two tenants is two inputs.
+func (in InputRecord) Tenant() string { return schema.SubjectTenant(in.Subject) }
 
 // StoredForm returns the record as its row keeps it: Payload cut to what is
 // stored, with Stored set. Encoding that form (the changelog does) keeps a
@@ -863,9 +870,9 @@ func (r rawRow) Scan(dest ...any) error {
 }
 
 const (
-	qInsertInput = `INSERT INTO inputs (id, conversation_id, kind, subject, ts, payload, payload_hash, payload_size,
-		status, reason, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`
-	qStoredInput   = `SELECT conversation_id, payload_hash FROM inputs WHERE id = ?`
+	qInsertInput = `INSERT INTO inputs (tenant, id, conversation_id, kind, subject, ts, payload, payload_hash, payload_size,
+		status, reason, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, id) DO NOTHING`
+	qStoredInput   = `SELECT conversation_id, payload_hash FROM inputs WHERE tenant = ? AND id = ?`
 	qInsertMessage = `INSERT INTO messages (conversation_id, id, pos, ts, role, is_summary, condense_id, condense_parent,
 		is_truncation_marker, truncation_id, truncation_parent, tokens, body, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	qGetSeq = `SELECT seq, reset_seq FROM history_seq WHERE conversation_id = ?`
@@ -911,7 +918,8 @@ func (c *committer) apply(ctx context.Context, x *encoded) (Result, error) {
 func (c *committer) applyInput(ctx context.Context, x *encoded) (Result, error) {
 	in := x.in
 	r := Result{InputID: in.ID}
-	res, err := c.exec(ctx, qInsertInput, in.ID, in.ConversationID, in.Kind, in.Subject, in.TS, x.payload,
+	tenant := in.Tenant()
+	res, err := c.exec(ctx, qInsertInput, tenant, in.ID, in.ConversationID, in.Kind, in.Subject, in.TS, x.payload,
 		x.hash[:], x.size, string(in.Status), in.Reason, c.now)
 	if err != nil {
 		return r, fmt.Errorf("insert input: %w", err)
@@ -926,7 +934,7 @@ func (c *committer) applyInput(ctx context.Context, x *encoded) (Result, error) 
 		conv string
 		hash []byte
 	)
-	row, err := c.queryRow(ctx, qStoredInput, in.ID)
+	row, err := c.queryRow(ctx, qStoredInput, tenant, in.ID)
 	if err == nil {
 		err = row.Scan(&conv, &hash)
 	}

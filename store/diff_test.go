@@ -161,10 +161,10 @@ func TestDiff(t *testing.T) {
 				}
 				exec1(t, db, "UPDATE messages SET pos = ? WHERE conversation_id = 'acme.c1' AND id = 'sum'", math.Nextafter(pos, math.Inf(1)))
 			}},
-		{name: "extra input in b", table: "inputs", onlyB: 1, sample: "inputs extra: only in b",
+		{name: "extra input in b", table: "inputs", onlyB: 1, sample: "inputs acme/extra: only in b",
 			change: func(t *testing.T, db *sql.DB) {
-				exec1(t, db, `INSERT INTO inputs (id, conversation_id, kind, subject, ts, payload, status, received_at)
-					VALUES ('extra', 'acme.c1', 'turn', 'ctx.in.acme.c1.turn', 1, x'7b7d', 'applied', 1)`)
+				exec1(t, db, `INSERT INTO inputs (tenant, id, conversation_id, kind, subject, ts, payload, status, received_at)
+					VALUES ('acme', 'extra', 'acme.c1', 'turn', 'ctx.in.acme.c1.turn', 1, x'7b7d', 'applied', 1)`)
 			}},
 		{name: "input missing from b", table: "inputs", onlyA: 1, sample: ": only in a",
 			change: func(t *testing.T, db *sql.DB) {

@@ -83,20 +83,23 @@ type SeenInput struct {
 	Status      Status
 }
 
-// SeenInputs returns, for each of ids already stored as an input, its
-// conversation, payload hash and status, in one query per 250 ids (each
-// looked up in both forms, see legacyForm). The pipeline checks a lane
-// batch with it: the same conversation and hash is an identical redelivery
-// (a silent no-op); anything else is a reused id.
-func (s *Store) SeenInputs(ctx context.Context, ids []string) (map[string]SeenInput, error) {
+// SeenInputs returns, for each of ids that tenant ("" for the service's own
+// account) already stored as an input, its conversation, payload hash and
+// status, in one query per 250 ids (each looked up in both forms, see
+// legacyForm). Another tenant's inputs are never found: input ids are unique
+// per tenant. The pipeline checks a lane batch with it: the same
+// conversation and hash is an identical redelivery (a silent no-op);
+// anything else is a reused id.
+func (s *Store) SeenInputs(ctx context.Context, tenant string, ids []string) (map[string]SeenInput, error) {
 	seen := make(map[string]SeenInput, len(ids))
 	for len(ids) > 0 {
 		n := min(len(ids), 250) // two forms each, under SQLite's bound-parameter limit
-		args := make([]any, 0, 2*n)
+		args := make([]any, 0, 2*n+1)
+		args = append(args, tenant)
 		for _, id := range ids[:n] {
 			args = append(args, id, legacyForm(id))
 		}
-		q := "SELECT id, conversation_id, payload_hash, status FROM inputs WHERE id IN (?" + strings.Repeat(",?", len(args)-1) + ")"
+		q := "SELECT id, conversation_id, payload_hash, status FROM inputs WHERE tenant = ? AND id IN (?" + strings.Repeat(",?", len(args)-2) + ")"
 		rows, err := s.r.QueryContext(ctx, q, args...)
 		if err != nil {
 			return nil, fmt.Errorf("seen inputs: %w", err)
@@ -123,14 +126,16 @@ func (s *Store) SeenInputs(ctx context.Context, ids []string) (map[string]SeenIn
 	return seen, nil
 }
 
-// InputStatusIn tells whether input id was stored for conversation conv and
-// how it ended. It backs ctx.q.history's wait_for: an id stored for another
-// conversation is not found, so no agent is told that its turn landed when a
-// different conversation's input with the same id did.
+// InputStatusIn tells whether input id was stored for conversation conv (a
+// conversation key, with its tenant) and how it ended. It backs
+// ctx.q.history's wait_for: an id stored for another conversation, of this
+// tenant or another, is not found, so no agent is told that its turn landed
+// when a different conversation's input with the same id did.
 func (s *Store) InputStatusIn(ctx context.Context, conv, id string) (status Status, reason string, found bool, err error) {
 	var st string
-	err = s.r.QueryRowContext(ctx, "SELECT status, reason FROM inputs WHERE id IN (?, ?) AND conversation_id = ? LIMIT 1",
-		id, legacyForm(id), conv).Scan(&st, &reason)
+	tenant, _ := schema.SplitKey(conv)
+	err = s.r.QueryRowContext(ctx, "SELECT status, reason FROM inputs WHERE tenant = ? AND id IN (?, ?) AND conversation_id = ? LIMIT 1",
+		tenant, id, legacyForm(id), conv).Scan(&st, &reason)
 	if errors.Is(err, sql.ErrNoRows) {
 		return s.reusedIDStatus(ctx, conv, id)
 	}

@@ -137,7 +137,7 @@ func TestSeenInputs(t *testing.T) {
 	}
 	commit(t, s, batch...)
 	unknown := uuid.NewString()
-	got, err := s.SeenInputs(ctx, append(all, unknown))
+	got, err := s.SeenInputs(ctx, "", append(all, unknown))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestSeenInputs(t *testing.T) {
 	if _, ok := got[unknown]; ok {
 		t.Fatal("an unknown id was reported seen")
 	}
-	if got, err := s.SeenInputs(ctx, nil); err != nil || len(got) != 0 {
+	if got, err := s.SeenInputs(ctx, "", nil); err != nil || len(got) != 0 {
 		t.Fatalf("SeenInputs(nil) = %v, %v", got, err)
 	}
 }
@@ -168,7 +168,7 @@ func TestInputsStoredInUpperCaseAreFound(t *testing.T) {
 	lower := e.Input.ID
 	e.Input.ID = strings.ToUpper(lower)
 	commit(t, s, e)
-	got, err := s.SeenInputs(ctx, []string{lower})
+	got, err := s.SeenInputs(ctx, "", []string{lower})
 	if err != nil || got[lower] != (SeenInput{ConversationID: "c", PayloadHash: PayloadHash(e.Input.Payload), Status: e.Input.Status}) {
 		t.Fatalf("SeenInputs(%s) = %+v, %v", lower, got, err)
 	}
@@ -290,5 +290,136 @@ func TestCommitFailsOnIDTakenMeanwhile(t *testing.T) {
 	}
 	if _, found, err := s.State(ctx, "b"); err != nil || found {
 		t.Fatalf("conversation b was stored (found=%v, %v)", found, err)
+	}
+}
+
+// tenantTurn is an applied turn of conversation key conv (tenant.conv, or
+// conv alone) under id.
+func tenantTurn(conv, id string) Entry {
+	e := turnEntry(conv, msg(conv, id, 1, schema.RoleUser, "hi from "+conv))
+	e.Input.ID, e.Input.Payload = id, []byte(`{"id":"`+id+`","from":"`+conv+`"}`)
+	return e
+}
+
+// Input ids are one namespace per tenant: the same id from two tenants, and
+// from the service's own account, is three inputs, and each tenant's
+// lookups find only its own. Within a tenant the id stays taken.
+func TestInputIDsAreScopedToTheTenant(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	id := uuid.NewString()
+	acme, globex, own := tenantTurn("acme.c1", id), tenantTurn("globex.c1", id), tenantTurn("c1", id)
+	for _, e := range []Entry{acme, globex, own} {
+		if res := commit(t, s, e); res[0].Duplicate {
+			t.Fatalf("%s: the id another tenant used made it a duplicate: %+v", e.Input.ConversationID, res[0])
+		}
+	}
+	for _, tc := range []struct{ tenant, conv string }{{"acme", "acme.c1"}, {"globex", "globex.c1"}, {"", "c1"}} {
+		got, err := s.SeenInputs(ctx, tc.tenant, []string{id})
+		if err != nil || len(got) != 1 || got[id].ConversationID != tc.conv {
+			t.Errorf("SeenInputs(%q) = %+v, %v; want only %s", tc.tenant, got, err, tc.conv)
+		}
+		if st, _, found, err := s.InputStatusIn(ctx, tc.conv, id); err != nil || !found || st != StatusApplied {
+			t.Errorf("InputStatusIn(%s) = %v %v %v", tc.conv, st, found, err)
+		}
+	}
+	if got, err := s.SeenInputs(ctx, "initech", []string{id}); err != nil || len(got) != 0 {
+		t.Errorf("a tenant that never sent the id sees %+v, %v", got, err)
+	}
+	for _, conv := range []string{"acme.c1", "globex.c1", "c1"} {
+		if ms := messagesOf(t, s, conv); len(ms) != 1 || ms[0].ID != id {
+			t.Errorf("%s holds %v, want its own message %s", conv, ids(ms), id)
+		}
+	}
+	// Within acme the id is taken: another conversation of acme, or other
+	// content, is a reused id; the same input again is a redelivery.
+	if _, err := s.Commit(ctx, []Entry{tenantTurn("acme.c2", id)}); !errors.Is(err, ErrIDConflict) {
+		t.Fatalf("acme reusing its id in another conversation: %v, want ErrIDConflict", err)
+	}
+	if res := commit(t, s, acme); !res[0].Duplicate || res[0].Conflict {
+		t.Fatalf("acme's redelivery: %+v, want a plain duplicate", res[0])
+	}
+}
+
+// A database written before input ids were scoped to tenants gets each row's
+// tenant from its subject when it is opened, keeps its rows and rowids, and
+// then takes the same id from another tenant.
+func TestMigrationScopesInputsToTheirTenant(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "old.db")
+	db, err := sql.Open("sqlite3", dsn(path, "_journal_mode=WAL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.version >= 10 {
+			break
+		}
+		if _, err := db.Exec(m.sql); err != nil {
+			t.Fatalf("%s: %v", m.name, err)
+		}
+		if _, err := db.Exec(`INSERT INTO schema_version VALUES (?, ?, 0)`, m.version, m.name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Subjects as inputs rows hold them: as published, whatever they were.
+	subjects := []string{
+		"ctx.in.c1.turn", "ctx.in.acme.c1.turn", "ctx.in.globex.c-2.condense", "ctx.in.acme.>.turn",
+		"ctx.in.acme.*.overflow", "ctx.in._bad.c1.turn", "ctx.in.a.b.c.d", "ctx.in.Ac_me-9.c.pin",
+		"ctx.in..c1.turn", "ctx.in.acme..turn", "ctx.in.ac.me.c1", "CTX.IN.acme.c1.turn", "ctx.inx.acme.c1.turn",
+		"ctx.in." + strings.Repeat("t", 128) + ".c.turn", "ctx.in." + strings.Repeat("t", 129) + ".c.turn",
+		"ctx.in.acmé.c1.turn", "ctx.in.ac me.c1.turn", "ctx.in.ac*me.c1.turn", "",
+	}
+	rowids := map[string]int64{}
+	for i, subj := range subjects {
+		id := fmt.Sprintf("id-%d", i)
+		res, err := db.Exec(`INSERT INTO inputs (id, conversation_id, kind, subject, ts, payload, status, reason, received_at, payload_hash, payload_size)
+			VALUES (?, '', 'turn', ?, 1, x'00', 'rejected', 'bad_subject', 1, x'01', 1)`, id, subj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rowids[id], _ = res.LastInsertId()
+	}
+	db.Close()
+
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i, subj := range subjects {
+		id := fmt.Sprintf("id-%d", i)
+		var tenant string
+		var rowid int64
+		if err := s.r.QueryRowContext(ctx, "SELECT tenant, rowid FROM inputs WHERE id = ?", id).Scan(&tenant, &rowid); err != nil {
+			t.Fatalf("%s (%q): %v", id, subj, err)
+		}
+		if want := schema.SubjectTenant(subj); tenant != want {
+			t.Errorf("%q: tenant %q, want %q (schema.SubjectTenant)", subj, tenant, want)
+		}
+		if rowid != rowids[id] {
+			t.Errorf("%q: rowid %d, was %d", subj, rowid, rowids[id])
+		}
+	}
+	var idx int
+	if err := s.r.QueryRowContext(ctx, "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'inputs_rejected_payloads'").Scan(&idx); err != nil || idx != 1 {
+		t.Fatalf("index inputs_rejected_payloads: %d, %v", idx, err)
+	}
+	// id-1 was acme's; globex and the service's own account may use it.
+	for _, conv := range []string{"globex.c9", "c9"} {
+		if res := commit(t, s, tenantTurn(conv, "id-1")); res[0].Duplicate {
+			t.Fatalf("%s: id-1 is taken: %+v", conv, res[0])
+		}
+	}
+	if res := commit(t, s, Entry{Input: InputRecord{ID: "id-1", ConversationID: "acme.c1", Kind: "turn",
+		Subject: "ctx.in.acme.c1.turn", TS: 1, Payload: []byte("x"), Status: StatusRejected}}); !res[0].Duplicate {
+		t.Fatalf("acme's own id-1 again: %+v, want a duplicate", res[0])
 	}
 }

@@ -588,9 +588,10 @@ func (s *Store) Events(ctx context.Context, conv string) ([]schema.Event, error)
 	return out, nil
 }
 
-// InputStatus tells whether input id was stored, in any conversation, and
-// how it ended. Queries should use InputStatusIn: wait_for must not see
-// another conversation's input.
+// InputStatus tells whether input id was stored, in any conversation of
+// any tenant, and how it ended (a scan of the inputs: for tests and tools).
+// Queries should use InputStatusIn: wait_for must not see another
+// conversation's input.
 func (s *Store) InputStatus(ctx context.Context, id string) (status Status, reason string, found bool, err error) {
 	var st string
 	err = s.r.QueryRowContext(ctx, "SELECT status, reason FROM inputs WHERE id = ?", id).Scan(&st, &reason)
@@ -603,9 +604,9 @@ func (s *Store) InputStatus(ctx context.Context, id string) (status Status, reas
 	return Status(st), reason, true, nil
 }
 
-// Seen returns which of ids are already stored as inputs, in one query. The
-// pipeline should use SeenInputs, which also tells a reused id from a
-// redelivery.
+// Seen returns which of ids are already stored as inputs, of any tenant, in
+// one query. The pipeline should use SeenInputs, which is scoped to one
+// tenant and also tells a reused id from a redelivery.
 func (s *Store) Seen(ctx context.Context, ids []string) (map[string]bool, error) {
 	seen := map[string]bool{}
 	for len(ids) > 0 {
