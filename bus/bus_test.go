@@ -154,8 +154,17 @@ func TestEnsureProfiles(t *testing.T) {
 	}
 }
 
+// The stream drops a copy of an input the same connection sends again
+// (bus.MsgID): the same id from another connection (another tenant's
+// client, or another process) or on another subject is another message,
+// which the service judges by tenant and input id. Nobody but the sender can
+// name its Nats-Msg-Id.
 func TestPublishInputDeduplicates(t *testing.T) {
-	js, _ := newJS(t)
+	js, url := newJS(t)
+	other, err := jetstream.New(natstest.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := EnsureStreams(ctx, js); err != nil {
@@ -164,20 +173,23 @@ func TestPublishInputDeduplicates(t *testing.T) {
 	const id = "0b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a21"
 	tests := []struct {
 		name    string
+		js      jetstream.JetStream
 		subject string
 		id      string
 		dup     bool
 		seq     uint64
 		wantErr error
 	}{
-		{"first", "ctx.in.c1.turn", id, false, 1, nil},
-		{"same id again", "ctx.in.c1.turn", id, true, 1, nil},
-		{"other id", "ctx.in.c1.turn", "1b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a21", false, 2, nil},
-		{"not an input", "ctx.events.c1.rewind", id, false, 0, ErrNotInput},
+		{"first", js, "ctx.in.c1.turn", id, false, 1, nil},
+		{"same id again", js, "ctx.in.c1.turn", id, true, 1, nil},
+		{"other id", js, "ctx.in.c1.turn", "1b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a21", false, 2, nil},
+		{"same id, another connection", other, "ctx.in.c1.turn", id, false, 3, nil},
+		{"same id, another subject", js, "ctx.in.acme.c1.turn", id, false, 4, nil},
+		{"not an input", js, "ctx.events.c1.rewind", id, false, 0, ErrNotInput},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ack, err := PublishInput(ctx, js, tt.subject, tt.id, []byte(`{"id":"x"}`))
+			ack, err := PublishInput(ctx, tt.js, tt.subject, tt.id, []byte(`{"id":"x"}`))
 			if tt.wantErr != nil {
 				if !errors.Is(err, tt.wantErr) {
 					t.Fatalf("err = %v, want %v", err, tt.wantErr)
@@ -197,8 +209,12 @@ func TestPublishInputDeduplicates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := m.Header.Get(jetstream.MsgIDHeader); got != id {
-		t.Fatalf("Nats-Msg-Id = %q, want %q", got, id)
+	got := m.Header.Get(jetstream.MsgIDHeader)
+	if want := MsgID(js.Conn(), "ctx.in.c1.turn", id); got != want {
+		t.Fatalf("Nats-Msg-Id = %q, want %q", got, want)
+	}
+	if !strings.HasPrefix(got, id+"/") || got == MsgID(other.Conn(), "ctx.in.c1.turn", id) {
+		t.Fatalf("Nats-Msg-Id %q: not the id with a part of the connection's own", got)
 	}
 }
 

@@ -411,7 +411,8 @@ func TestNATSConfPermissions(t *testing.T) {
 		t.Run(tn+"-agent", func(t *testing.T) {
 			// A turn on the tenant-free subject lands in CTX_IN with the
 			// tenant in it, and the PubAck comes back with JetStream's
-			// duplicate detection working across the import.
+			// duplicate detection working across the import, for the
+			// connection that sent it (bus.MsgID).
 			id := uuid.NewString()
 			ack := agent.publishOK(t, ctx, tn, "ctx.in.c1.turn", id)
 			if ack.Stream != bus.StreamIn || ack.Duplicate {
@@ -420,6 +421,17 @@ func TestNATSConfPermissions(t *testing.T) {
 			again := agent.publishOK(t, ctx, tn, "ctx.in.c1.turn", id)
 			if !again.Duplicate || again.Sequence != ack.Sequence {
 				t.Fatalf("re-sent turn: ack %+v, want a duplicate of seq %d", again, ack.Sequence)
+			}
+			in, err := svc.js.Stream(ctx, bus.StreamIn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := in.GetMsg(ctx, ack.Sequence)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := m.Header.Get(jetstream.MsgIDHeader), bus.MsgID(agent.nc, "ctx.in.c1.turn", id); got != want {
+				t.Fatalf("turn stored at %d with Nats-Msg-Id %q, want %s", ack.Sequence, got, want)
 			}
 			wantIn["ctx.in."+tn+".c1.turn"] = input(tn, "ctx.in.c1.turn")
 			agent.publishOK(t, ctx, tn, "ctx.in.c1.overflow", uuid.NewString())

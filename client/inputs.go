@@ -17,9 +17,10 @@ import (
 
 // Append publishes a turn to ctx.in.<conv>.turn and returns its id once
 // JetStream has stored it (the PubAck came back). An empty ID is filled
-// with a new UUID and a zero TS with the current time. The id is also the
-// Nats-Msg-Id, so publishing the same turn again is harmless: the stream
-// drops the copy inside its duplicate window and the service after it.
+// with a new UUID and a zero TS with the current time. Publishing the same
+// turn again is harmless: the stream drops a copy the client's connection
+// sends again inside its duplicate window (bus.MsgID), and the service,
+// which applies an input id once per tenant, any other.
 //
 // Append does not validate the turn beyond its conversation id (which must
 // make a safe subject) and its id: the service is the authority, and rejects
@@ -99,9 +100,8 @@ func (c *Client) control(ctx context.Context, conv string, in schema.Input) (str
 	return in.ID, c.publish(ctx, conv, in.Kind, in.ID, data)
 }
 
-// publish sends one input and waits for its PubAck; a duplicate ack is a
-// success (the input is in the stream). A publish the server refuses (a
-// user who may not send this kind of input) gets no ack, only an
+// publish sends one input and waits for its PubAck. A publish the server
+// refuses (a user who may not send this kind of input) gets no ack, only an
 // asynchronous -ERR: publish watches for it, so it fails at once with the
 // server's reason (nats.ErrPermissionViolation) instead of at the timeout.
 func (c *Client) publish(ctx context.Context, conv string, kind schema.InputKind, id string, data []byte) error {

@@ -457,8 +457,8 @@ type PrepareOptions struct {
 // its id only when it has a valid one and already belongs to the
 // conversation, otherwise it gets one derived from the publisher, the
 // conversation, its place in the file and its id there (publishing the same file to another
-// conversation must not be dropped as a duplicate, and publishing it to the
-// same one again must not store it twice: re-publishing is idempotent
+// conversation must not be taken for a reused id, and publishing it to the
+// same one again must not apply it twice: re-publishing is idempotent
 // either way); timestamps strictly increase; the system prompt is set on
 // every turn (it is "the prompt in force" for that turn). Every turn is
 // validated.

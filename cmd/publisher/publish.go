@@ -292,7 +292,7 @@ func (p *publisher) run(ctx context.Context, next source) (pubStats, error) {
 			}
 		}
 		subj := schema.InputSubject(t.ConversationID, schema.KindTurn)
-		fut, err := p.js.PublishAsync(subj, data, jetstream.WithMsgID(t.ID),
+		fut, err := p.js.PublishAsync(subj, data, jetstream.WithMsgID(bus.MsgID(p.js.Conn(), subj, t.ID)),
 			jetstream.WithExpectStream(bus.StreamIn), jetstream.WithStallWait(30*time.Second))
 		if err != nil {
 			sendErr = fmt.Errorf("publish %s: %w", subj, err)
@@ -322,8 +322,9 @@ func (p *publisher) run(ctx context.Context, next source) (pubStats, error) {
 }
 
 // await waits for one ack. A failed async publish is retried synchronously
-// (retried): the Nats-Msg-Id makes a retry safe (JetStream reports it as a
-// duplicate if the first copy was stored after all).
+// (retried): the Nats-Msg-Id makes a retry on the same connection safe
+// (JetStream reports it as a duplicate if the first copy was stored after
+// all), and the service applies an input id once per tenant in any case.
 func (p *publisher) await(ctx context.Context, f inflight) (ack *jetstream.PubAck, retried bool, err error) {
 	select {
 	case ack := <-f.fut.Ok():
