@@ -409,3 +409,49 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 	})
 }
+
+// recordBeforeTenantIDs is a record as the service wrote it before input ids
+// were per tenant (the format has not changed since): acme's turn, a turn of
+// the service's own account and a rejected input of acme whose subject named
+// no conversation.
+const recordBeforeTenantIDs = "{\"v\":2,\"p\":3,\"at\":1750000000002,\"entries\":[{\"input\":{\"id\":\"0b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a21\",\"conversation_id\":\"acme.c1\",\"kind\":\"turn\",\"ts\":1750000000000,\"payload\":128,\"hash\":\"8RCSJeT08qGp/BaWIDTNKFXq7ZUZAZ8WURZLBaRheuU=\",\"size\":128,\"status\":\"applied\"},\"changes\":{\"insert\":[{\"role\":\"user\",\"tokens\":3,\"body\":139}],\"state\":153}},{\"input\":{\"id\":\"0b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a22\",\"conversation_id\":\"c1\",\"kind\":\"turn\",\"ts\":1750000000000,\"payload\":144,\"hash\":\"xZ304DRyk9QWIo+n9GNZV8aQUsO+zrwhcH+NuWp4aP8=\",\"size\":144,\"status\":\"applied\"},\"changes\":{\"insert\":[{\"role\":\"user\",\"tokens\":3,\"body\":155}],\"state\":148}},{\"input\":{\"id\":\"1b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a21\",\"kind\":\"turn\",\"subject\":\"ctx.in.acme.>.turn\",\"ts\":1750000000001,\"payload\":45,\"hash\":\"3H/hOpHZIEJ4XeYyDnEc496Qaa/7mvpESEBxWIh4Nx0=\",\"size\":45,\"status\":\"rejected\",\"reason\":\"bad_conversation_id\"}}]}\n{\"id\":\"0b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a21\",\"conversation_id\":\"acme.c1\",\"ts\":1750000000000,\"role\":\"user\",\"content\":\"from acme\"}{\"id\":\"0b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a21\",\"conversation_id\":\"acme.c1\",\"ts\":1750000000000,\"role\":\"user\",\"content\":\"from acme\",\"tokens\":3}{\"conversation_id\":\"acme.c1\",\"profile_id\":\"\",\"context_tokens\":0,\"system_tokens\":0,\"messages\":1,\"condensations\":0,\"truncations\":0,\"last_ts\":1750000000000}{\"id\":\"0b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a22\",\"conversation_id\":\"c1\",\"ts\":1750000000000,\"role\":\"user\",\"content\":\"from the service's own account\"}{\"id\":\"0b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a22\",\"conversation_id\":\"c1\",\"ts\":1750000000000,\"role\":\"user\",\"content\":\"from the service's own account\",\"tokens\":3}{\"conversation_id\":\"c1\",\"profile_id\":\"\",\"context_tokens\":0,\"system_tokens\":0,\"messages\":1,\"condensations\":0,\"truncations\":0,\"last_ts\":1750000000000}{\"id\":\"1b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a21\"}"
+
+// A record written before input ids were per tenant replays into a store
+// that keys them by tenant: each input gets the tenant its subject names,
+// and afterwards another tenant may use acme's id while acme may not.
+func TestOldRecordReplaysIntoTenantIDs(t *testing.T) {
+	ctx := context.Background()
+	rec, err := changelog.Decode([]byte(recordBeforeTenantIDs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := openStore(t, "replayed.db", store.WithBulkLoad())
+	replay(t, st, []changelog.Record{rec})
+	const id = "0b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a21"
+	for _, tc := range []struct{ tenant, id, conv string }{
+		{"acme", id, "acme.c1"},
+		{"", "0b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a22", "c1"},
+		{"acme", "1b6c7a9e-1d2f-4c3b-9a8e-7f6d5c4b3a21", ""},
+	} {
+		seen, err := st.SeenInputs(ctx, tc.tenant, []string{tc.id})
+		if err != nil || len(seen) != 1 || seen[tc.id].ConversationID != tc.conv {
+			t.Errorf("tenant %q, id %s: %+v, %v; want the input of %q", tc.tenant, tc.id, seen, err, tc.conv)
+		}
+	}
+	if seen, err := st.SeenInputs(ctx, "globex", []string{id}); err != nil || len(seen) != 0 {
+		t.Fatalf("globex sees acme's input: %+v, %v", seen, err)
+	}
+	mk := func(conv string) store.Entry {
+		e := rec.Entries[0]
+		e.Input.ConversationID, e.Input.Subject = conv, schema.InputSubject(conv, schema.KindTurn)
+		e.Changes, e.Encoded = nil, nil
+		return e
+	}
+	res, err := st.Commit(ctx, []store.Entry{mk("globex.c1"), mk("acme.c2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Duplicate || !res[1].Duplicate || !res[1].Conflict {
+		t.Fatalf("results %+v: want globex's input new, acme's a reused id", res)
+	}
+}
