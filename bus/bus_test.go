@@ -186,6 +186,9 @@ func TestPublishInputDeduplicates(t *testing.T) {
 		{"same id, another connection", other, "ctx.in.c1.turn", id, false, 3, nil},
 		{"same id, another subject", js, "ctx.in.acme.c1.turn", id, false, 4, nil},
 		{"not an input", js, "ctx.events.c1.rewind", id, false, 0, ErrNotInput},
+		{"a '*' token", js, "ctx.in.*.turn", id, false, 0, ErrNotInput},
+		{"a '>' token", js, "ctx.in.acme.>.turn", id, false, 0, ErrNotInput},
+		{"an empty token", js, "ctx.in.acme..turn", id, false, 0, ErrNotInput},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -12,7 +12,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// ErrNotInput is returned by PublishInput for a subject outside ctx.in.>.
+// ErrNotInput is returned by PublishInput for a subject outside ctx.in.>, or
+// one with an empty token or a token that is a wildcard ('*', '>'): the
+// server would store such an input where no partition reads it (Reached).
 var ErrNotInput = errors.New("not an input subject (ctx.in.<conv>.<kind>)")
 
 // PublishRetryFor bounds how long PublishInput retries a publish that
@@ -47,7 +49,7 @@ func MsgID(nc *nats.Conn, subject, inputID string) string {
 // errors), it retries with backoff for up to PublishRetryFor, or until ctx
 // ends.
 func PublishInput(ctx context.Context, js jetstream.JetStream, subject, id string, data []byte) (*jetstream.PubAck, error) {
-	if !strings.HasPrefix(subject, "ctx.in.") {
+	if !inputSubject(subject) {
 		return nil, fmt.Errorf("publish %s: %w", subject, ErrNotInput)
 	}
 	if id == "" {
@@ -71,4 +73,19 @@ func PublishInput(ctx context.Context, js jetstream.JetStream, subject, id strin
 		}
 		wait = min(2*wait, time.Second)
 	}
+}
+
+// inputSubject reports whether subject is under ctx.in. with literal,
+// non-empty tokens.
+func inputSubject(subject string) bool {
+	rest, ok := strings.CutPrefix(subject, "ctx.in.")
+	if !ok {
+		return false
+	}
+	for t := range strings.SplitSeq(rest, ".") {
+		if t == "" || t == "*" || t == ">" {
+			return false
+		}
+	}
+	return true
 }
