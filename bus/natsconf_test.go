@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -158,6 +159,32 @@ func (u *user) publishOK(t *testing.T, ctx context.Context, tenant, subject, id 
 	return ack
 }
 
+// noAck publishes inputs with JetStream, all at once, and requires that no
+// stream acknowledges any. The wait only bounds how long an answer that must
+// not come is waited for; the check that matters is the final one of CTX_IN's
+// contents, which would find anything stored.
+func (u *user) noAck(t *testing.T, ctx context.Context, tenant string, subjects ...string) {
+	t.Helper()
+	pctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	acked := make(chan string, len(subjects))
+	var wg sync.WaitGroup
+	for _, subj := range subjects {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := u.js.Publish(pctx, subj, input(tenant, subj)); err == nil {
+				acked <- subj
+			}
+		}()
+	}
+	wg.Wait()
+	close(acked)
+	for subj := range acked {
+		t.Errorf("%s: %s was acknowledged", u.name, subj)
+	}
+}
+
 // seen is what the test's query responder saw of one request, in CTX, as
 // the service sees it; it is also the reply.
 type seen struct {
@@ -295,6 +322,8 @@ func TestNATSConfPermissions(t *testing.T) {
 		svc.subscribeRefused(t, "ctx.q.>")
 		// Nor does it write inputs, or read anyone's inbox but its own.
 		svc.refused(t, "ctx.in.acme.c0.turn", svc.jsPublish("acme", "ctx.in.acme.c0.turn"))
+		// A '*' token in the dashboard's control inputs: no stream takes it.
+		svc.noAck(t, ctx, "acme", "ctx.in.acme.*.condense", "ctx.in.*.c1.rewind")
 		svc.subscribeRefused(t, "_INBOX_admin.>")
 	})
 
@@ -399,12 +428,38 @@ func TestNATSConfPermissions(t *testing.T) {
 	})
 
 	agents, uis := map[string]*user{}, map[string]*user{}
+	// wantIn collects the inputs that must be in CTX_IN: subject → body.
+	wantIn := map[string][]byte{}
+	// wildcardTokens publishes u's kinds with a conversation token that
+	// is a literal wildcard. A '*' is refused at the edge: nats.conf's
+	// split mapping leaves a subject no stream takes. A '>' cannot be
+	// refused by any permission, mapping or stream subject (the server
+	// takes it for any token wherever it compares): it is stored
+	// untransformed, where no partition's consumer reads it
+	// (bus.Reached), and the service finds it, rejects it and deletes it.
+	wildcardTokens := func(t *testing.T, ctx context.Context, u *user, tn string, kinds ...string) {
+		t.Helper()
+		var stars []string
+		for _, kind := range kinds {
+			stars = append(stars, "ctx.in.*."+kind)
+		}
+		u.noAck(t, ctx, tn, stars...)
+		for _, kind := range kinds {
+			// Raw: bus.PublishInput refuses a wildcard token itself.
+			if ack, err := u.js.Publish(ctx, "ctx.in.>."+kind, input(tn, "ctx.in.>."+kind)); err != nil || ack.Stream != bus.StreamIn {
+				t.Fatalf("%s: ctx.in.>.%s: ack %+v, %v", u.name, kind, ack, err)
+			}
+			stored := "ctx.in." + tn + ".>." + kind
+			if bus.Reached(stored, bus.DefaultPartitions) {
+				t.Fatalf("%s: a partition's consumer reads it", stored)
+			}
+			wantIn[stored] = input(tn, "ctx.in.>."+kind)
+		}
+	}
 	for _, tn := range tenants {
 		agents[tn] = connectAs(t, url, tn+"-agent")
 		uis[tn] = connectAs(t, url, tn+"-ui")
 	}
-	// wantIn collects the inputs that must be in CTX_IN: subject → body.
-	wantIn := map[string][]byte{}
 
 	for _, tn := range tenants {
 		agent, ot := agents[tn], other(tn)
@@ -436,6 +491,7 @@ func TestNATSConfPermissions(t *testing.T) {
 			wantIn["ctx.in."+tn+".c1.turn"] = input(tn, "ctx.in.c1.turn")
 			agent.publishOK(t, ctx, tn, "ctx.in.c1.overflow", uuid.NewString())
 			wantIn["ctx.in."+tn+".c1.overflow"] = input(tn, "ctx.in.c1.overflow")
+			wildcardTokens(t, ctx, agent, tn, "turn", "overflow")
 			// Naming the other tenant is only a conversation id of one's own.
 			agent.publishOK(t, ctx, tn, "ctx.in."+ot+".turn", uuid.NewString())
 			wantIn["ctx.in."+tn+"."+ot+".turn"] = input(tn, "ctx.in."+ot+".turn")
@@ -493,6 +549,7 @@ func TestNATSConfPermissions(t *testing.T) {
 				}
 				wantIn["ctx.in."+tn+".c1."+kind] = input(tn, subj)
 			}
+			wildcardTokens(t, ctx, ui, tn, "condense", "rewind", "pin")
 			for _, q := range []string{"history", "status", "events"} {
 				if s := ui.queryOK(t, q); s.Subject != "ctx.q."+tn+"."+q {
 					t.Fatalf("ctx.q.%s reached the service as %s", q, s.Subject)
@@ -582,7 +639,7 @@ func TestNATSConfPermissions(t *testing.T) {
 			}
 		}
 		if len(got) != len(wantIn) {
-			t.Errorf("CTX_IN holds %d inputs, want %d: a refused publish got through", len(got), len(wantIn))
+			t.Errorf("CTX_IN holds %d inputs, want %d: a refused publish got through: %v", len(got), len(wantIn), got)
 		}
 	})
 
