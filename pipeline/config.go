@@ -72,6 +72,10 @@ type Config struct {
 	// MaxLogPiece bounds one changelog message (default: the connection's
 	// max payload): a record over it is cut into pieces.
 	MaxLogPiece int
+	// StrayInterval is how often the runner looks for inputs CTX_IN stored
+	// where no partition's consumer reads them (strays.go), and rejects
+	// them.
+	StrayInterval time.Duration
 }
 
 // DefaultConfig returns the defaults.
@@ -97,6 +101,7 @@ func DefaultConfig() Config {
 		CatchUpTimeout:  2 * time.Minute,
 		ProbeInterval:   2 * time.Second,
 		Standby:         1,
+		StrayInterval:   30 * time.Second,
 	}
 }
 
@@ -123,6 +128,7 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.RebalanceEvery, d.RebalanceEvery)
 	orDefault(&c.CatchUpTimeout, d.CatchUpTimeout)
 	orDefault(&c.ProbeInterval, d.ProbeInterval)
+	orDefault(&c.StrayInterval, d.StrayInterval)
 	return c
 }
 

@@ -182,6 +182,11 @@ func (r *Runner) consume(ctx context.Context) error {
 			}
 		}()
 	}
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		r.sweepStrays(loops)
+	}()
 	probeCtx, stopProbe := context.WithCancel(ctx)
 	defer stopProbe()
 	go r.probe(probeCtx)
@@ -190,6 +195,9 @@ func (r *Runner) consume(ctx context.Context) error {
 	r.health.up()
 	r.Log.Info("consuming", "stream", bus.StreamIn, "partitions", r.partitions, "workers", r.cfg.Lanes)
 	wg.Wait()
+	// The sweep dispatches too: it ends before the workers are told to.
+	stop()
+	<-swept
 	select {
 	case err := <-errs:
 		return err
