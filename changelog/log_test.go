@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -305,5 +306,67 @@ func TestAppendRetryAfterLostAck(t *testing.T) {
 	again, err := l.Append(ctx, 1, 0, data)
 	if err != nil || again != seq {
 		t.Fatalf("the same write again: %d, %v; want %d", again, err, seq)
+	}
+}
+
+// A set of files is rebuilt all at once, each file from its partitions'
+// subjects alone: each holds what a replay of its partitions' records
+// holds, and a file that holds no partition ends empty.
+func TestRebuildSetByPartition(t *testing.T) {
+	js := startState(t)
+	ctx := context.Background()
+	live := openStore(t, "live.db")
+	records := realRecords(t, live)
+	l := &changelog.Log{JS: js, MaxPiece: 16 << 10}
+	at := map[int]uint64{}
+	entries := 0
+	for i, r := range records {
+		data, err := changelog.Encode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq, err := l.Append(ctx, r.Partition, at[r.Partition], data)
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		at[r.Partition] = seq
+		entries += len(r.Entries)
+	}
+	set, err := store.OpenSet(ctx, t.TempDir(), 3, store.WithBulkLoad())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	stats, err := changelog.RebuildSet(rctx, js, set, changelog.RebuildOptions{BatchEntries: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Records != len(records) || stats.Entries != entries {
+		t.Fatalf("rebuilt %d records, %d entries; want %d, %d", stats.Records, stats.Entries, len(records), entries)
+	}
+	for i := range set.Len() {
+		var want []changelog.Record
+		for _, r := range records {
+			if set.FileOf(r.Partition) == i {
+				want = append(want, r)
+			}
+		}
+		expect := openStore(t, fmt.Sprintf("expect%d.db", i))
+		replay(t, expect, want)
+		identical(t, expect, set.File(i))
+		pos, _, err := set.File(i).LogPositions(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for p, seq := range at {
+			if got, ok := pos[p]; ok != (set.FileOf(p) == i) || ok && got != seq {
+				t.Fatalf("file %d: positions %v, want partition %d at %d only in file %d", i, pos, p, seq, set.FileOf(p))
+			}
+		}
+	}
+	if n, err := set.File(2).ConversationCount(ctx); err != nil || n != 0 {
+		t.Fatalf("the file that holds no partition holds %d conversations, %v", n, err)
 	}
 }

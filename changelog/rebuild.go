@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -43,6 +44,9 @@ type RebuildOptions struct {
 	BatchEntries int
 	// Progress, when set, is called after each transaction.
 	Progress func(done, total uint64)
+	// Partitions, when not nil, are the only partitions read (their
+	// subjects alone are followed): to rebuild one file of a store.Set.
+	Partitions []int
 }
 
 // Rebuild applies CTX_STATE, from its first message to the last one when it
@@ -59,15 +63,35 @@ func Rebuild(ctx context.Context, js jetstream.JetStream, st *store.Store, opts 
 		return stats, fmt.Errorf("rebuild: %w", err)
 	}
 	last := s.CachedInfo().State.LastSeq
+	var subjects []string
+	if opts.Partitions != nil {
+		// The last message of the partitions read is where it ends.
+		last = 0
+		for _, p := range opts.Partitions {
+			subjects = append(subjects, bus.StateSubject(p))
+			m, err := s.GetLastMsgForSubject(ctx, bus.StateSubject(p))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue
+			}
+			if err != nil {
+				return stats, fmt.Errorf("rebuild: last message of partition %d: %w", p, err)
+			}
+			last = max(last, m.Sequence)
+		}
+	}
 	if last == 0 {
 		stats.Took = time.Since(t0)
-		return stats, nil
+		return stats, st.EndBulkLoad(ctx)
 	}
 	fctx, stop := context.WithCancel(ctx)
 	defer stop()
 	items := make(chan Item, 4096)
 	followErr := make(chan error, 1)
-	go func() { followErr <- Follow(fctx, js, 1, nil, items) }()
+	if subjects != nil {
+		go func() { followErr <- FollowLive(fctx, js, subjects, 1, false, nil, items) }()
+	} else {
+		go func() { followErr <- Follow(fctx, js, 1, nil, items) }()
+	}
 
 	var (
 		groups    []store.Group
@@ -150,4 +174,60 @@ func Rebuild(ctx context.Context, js jetstream.JetStream, st *store.Store, opts 
 	}
 	stats.Took = time.Since(t0)
 	return stats, nil
+}
+
+// RebuildSet rebuilds every file of set, which should be new, from the
+// partitions it holds (store.Set.FileOf), all files at once: each file
+// follows its partitions' subjects alone and has its own writer, so the
+// files' SQLite work runs in parallel. The stats are the files' summed,
+// Took the whole rebuild's; opts.Progress is not called.
+func RebuildSet(ctx context.Context, js jetstream.JetStream, set *store.Set, opts RebuildOptions) (RebuildStats, error) {
+	t0 := time.Now()
+	s, err := js.Stream(ctx, bus.StreamState)
+	if err != nil {
+		return RebuildStats{}, fmt.Errorf("rebuild: %w", err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(bus.StateSubjects))
+	if err != nil {
+		return RebuildStats{}, fmt.Errorf("rebuild: %w", err)
+	}
+	parts := make([][]int, set.Len())
+	for i := range parts {
+		parts[i] = []int{} // not nil: a file with no partition reads none
+	}
+	for subject := range info.State.Subjects {
+		if p, ok := bus.PartitionOfState(subject); ok {
+			parts[set.FileOf(p)] = append(parts[set.FileOf(p)], p)
+		}
+	}
+	opts.Progress = nil
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		stats = make([]RebuildStats, set.Len())
+		errs  = make([]error, set.Len())
+	)
+	for i := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := opts
+			o.Partitions = parts[i]
+			if stats[i], errs[i] = Rebuild(rctx, js, set.File(i), o); errs[i] != nil {
+				errs[i] = fmt.Errorf("file %d: %w", i, errs[i])
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	var total RebuildStats
+	for _, st := range stats {
+		total.Messages += st.Messages
+		total.Records += st.Records
+		total.Entries += st.Entries
+		total.Skipped += st.Skipped
+	}
+	total.Took = time.Since(t0)
+	return total, errors.Join(errs...)
 }

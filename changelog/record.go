@@ -43,9 +43,12 @@ type Record struct {
 // them (per entry: the input's stored payload, each inserted message's
 // body, the state, each event), each as long as the head says, nothing
 // between them. The head is compact JSON, so its first newline is its end.
-// The byte strings are the store's own (store.EncodedChanges): a replay
-// writes them unchanged, so its rows are the live commit's rows whatever
-// they hold, and reading them costs no decoding.
+// An applied turn carries no payload: its message's body holds the turn
+// (store.Entry.StoredInput), and a replay of a record that still carries
+// one stores none. The byte strings are the store's own
+// (store.EncodedChanges): a replay writes them unchanged, so its rows are
+// the live commit's rows whatever they hold, and reading them costs no
+// decoding.
 type wireRecord struct {
 	V       int         `json:"v"`
 	P       int         `json:"p"`
@@ -150,7 +153,7 @@ func Encode(r Record) ([]byte, error) {
 		return len(b)
 	}
 	for i, e := range r.Entries {
-		in := e.Input.StoredForm()
+		in := e.StoredInput()
 		we := wireEntry{Input: wireInput{
 			ID: text(in.ID), ConversationID: text(in.ConversationID), Kind: text(in.Kind), TS: in.TS,
 			Payload: -1, Hash: in.Stored.Hash[:], Size: in.Stored.Size, Status: in.Status, Reason: text(in.Reason),

@@ -282,7 +282,7 @@ func TestRecordRoundTripOnRealEntries(t *testing.T) {
 // form, with the store's own bytes.
 func sameEntry(t *testing.T, where string, orig, got store.Entry) {
 	t.Helper()
-	want := orig.Input.StoredForm()
+	want := orig.StoredInput()
 	g := got.Input
 	if g.ID != want.ID || g.ConversationID != want.ConversationID || g.Kind != want.Kind || g.Subject != want.Subject ||
 		g.TS != want.TS || g.Status != want.Status || g.Reason != want.Reason || *g.Stored != *want.Stored ||

@@ -18,11 +18,12 @@ import (
 
 // BenchmarkRebuild is issue 10's replay goal (≥ 50,000 changes/s): the 43
 // real agent runs go through the service once (not timed), which leaves
-// their changes in CTX_STATE; each iteration then rebuilds a new SQLite
-// file from CTX_STATE alone, as consumer --rebuild does (a bulk load, made
-// durable before Rebuild returns: store.WithBulkLoad), and the benchmark
-// reports changes (inputs applied) per second over all iterations, with
-// the best and the worst iteration. The last file rebuilt must be
+// their changes in CTX_STATE; each iteration then rebuilds new SQLite
+// files (benchFiles(), as the service splits its state) from CTX_STATE
+// alone, all at once, each from its partitions (changelog.RebuildSet; a
+// bulk load, made durable before it returns: store.WithBulkLoad), and the
+// benchmark reports changes (inputs applied) per second over all iterations, with
+// the best and the worst iteration. The last files rebuilt must be
 // identical to the service's (store.Diff), or the benchmark fails.
 func BenchmarkRebuild(b *testing.B) {
 	subjects, payloads, ids := transcriptTurns(b)
@@ -31,7 +32,9 @@ func BenchmarkRebuild(b *testing.B) {
 	}
 	js := loadStream(b, subjects, payloads, ids)
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(b.TempDir(), "service.db"))
+	// The state split over benchFiles() files, rebuilt all at once, each
+	// file from its partitions (changelog.RebuildSet).
+	st, err := store.OpenSet(ctx, b.TempDir(), benchFiles())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -40,7 +43,7 @@ func BenchmarkRebuild(b *testing.B) {
 	engine.Log = log
 	p := schema.Profile{ID: schema.DefaultProfileID, ContextWindow: 64000, MaxTokens: 8192}
 	m := pipeline.NewMetrics()
-	r, err := pipeline.New(pipeline.Config{}, pipeline.Deps{JS: js, Store: st, Engine: engine,
+	r, err := pipeline.New(pipeline.Config{}, pipeline.Deps{JS: js, Stores: st, Engine: engine,
 		Profiles: pipeline.StaticProfiles(p), Log: log, Metrics: m})
 	if err != nil {
 		b.Fatal(err)
@@ -64,15 +67,15 @@ func BenchmarkRebuild(b *testing.B) {
 	)
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		rebuilt = filepath.Join(b.TempDir(), "rebuilt.db")
-		fresh, err := store.Open(ctx, rebuilt, store.WithBulkLoad())
+		rebuilt = b.TempDir()
+		fresh, err := store.OpenSet(ctx, rebuilt, benchFiles(), store.WithBulkLoad())
 		if err != nil {
 			b.Fatal(err)
 		}
 		// As consumer --rebuild: under a context that a signal cancels.
 		rctx, cancel := context.WithCancel(ctx)
 		b.StartTimer()
-		stats, err = changelog.Rebuild(rctx, js, fresh, changelog.RebuildOptions{})
+		stats, err = changelog.RebuildSet(rctx, js, fresh, changelog.RebuildOptions{})
 		b.StopTimer()
 		cancel()
 		if err != nil {
@@ -93,12 +96,14 @@ func BenchmarkRebuild(b *testing.B) {
 		b.StartTimer()
 	}
 	b.StopTimer()
-	report, err := store.Diff(ctx, st.Path(), rebuilt)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if !report.Identical() {
-		b.Fatalf("the rebuilt database differs from the service's:\n%s", report)
+	for i := range benchFiles() {
+		report, err := store.Diff(ctx, st.File(i).Path(), filepath.Join(rebuilt, store.SetFileName(i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !report.Identical() {
+			b.Fatalf("rebuilt file %d differs from the service's:\n%s", i, report)
+		}
 	}
 	b.ReportMetric(float64(b.N*len(payloads))/took.Seconds(), "changes/s")
 	b.ReportMetric(best, "best-changes/s")

@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"log/slog"
 	"os"
@@ -99,6 +100,11 @@ func BenchmarkPipeline(b *testing.B) {
 		}
 		b.ReportMetric(busiest*1000, "busiest-committer-ms")
 		b.ReportMetric(busiest*1e6/float64(len(payloads)), "busiest-committer-µs/turn")
+		// What a turn costs to keep: CTX_STATE's bytes (the changelog
+		// records, with the stream's per-message overhead) and the
+		// SQLite files' pages in use.
+		b.ReportMetric(m.Value("bench_state_bytes", "")/float64(len(payloads)), "state-B/turn")
+		b.ReportMetric(m.Value("bench_db_bytes", "")/float64(len(payloads)), "db-B/turn")
 	}
 }
 
@@ -150,8 +156,40 @@ func runPipeline(b *testing.B, subjects []string, payloads [][]byte, ids []strin
 	b.StopTimer()
 	cancel()
 	<-done
+	if info, err := js.Stream(context.Background(), bus.StreamState); err == nil {
+		m.Add("bench_state_bytes", "", float64(info.CachedInfo().State.Bytes))
+	}
+	var paths []string
+	for _, f := range st.Files() {
+		paths = append(paths, f.Path())
+	}
 	_ = st.Close()
+	m.Add("bench_db_bytes", "", float64(pagesInUse(b, paths)))
 	return float64(len(payloads)) / elapsed.Seconds(), m
+}
+
+// pagesInUse is the bytes of the SQLite files' pages that hold data (the
+// WAL's included, the free list's not).
+func pagesInUse(b *testing.B, paths []string) int64 {
+	var total int64
+	for _, p := range paths {
+		db, err := sql.Open("sqlite3", "file:"+p+"?mode=ro")
+		if err != nil {
+			b.Fatal(err)
+		}
+		var n int64
+		err = db.QueryRow(`SELECT (SELECT page_count FROM pragma_page_count()) - (SELECT freelist_count FROM pragma_freelist_count())`).Scan(&n)
+		var size int64
+		if err == nil {
+			err = db.QueryRow(`SELECT page_size FROM pragma_page_size()`).Scan(&size)
+		}
+		db.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += n * size
+	}
+	return total
 }
 
 // BenchmarkRawConsumeAck is the ceiling: the same stream, the same consumer

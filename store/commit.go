@@ -26,10 +26,11 @@ const (
 )
 
 // InputRecord is the inputs row of one input, kept forever (a rewind deletes
-// messages, never inputs). An applied input keeps its payload exactly as
-// received; a rejected one keeps only its first RejectedPayloadPrefix bytes,
-// until Prune clears them. Every row keeps the whole payload's sha256
-// (PayloadHash) and size.
+// messages, never inputs). An applied turn's payload is not kept: its
+// message holds the turn (see payloadInMessage). Any other applied input
+// keeps its payload exactly as received; a rejected one keeps only its first
+// RejectedPayloadPrefix bytes, until Prune clears them. Every row keeps the
+// whole payload's sha256 (PayloadHash) and size.
 type InputRecord struct {
 	// ID is the idempotency key, together with Tenant. It must not be
 	// empty: for a payload whose id cannot be read, the caller picks a
@@ -474,6 +475,11 @@ func encodeEntry(e Entry) (encoded, error) {
 		x.hash, x.size, x.payload = in.Stored.Hash, in.Stored.Size, in.Payload
 	} else {
 		x.hash, x.size, x.payload = PayloadHash(in.Payload), len(in.Payload), storedPayload(in.Status, in.Payload)
+	}
+	if payloadInMessage(in, e.Changes) {
+		// A record written before turns were stored once carries the
+		// payload too: the row is the same whatever the record held.
+		x.payload = nil
 	}
 	if in.ID == "" {
 		return x, errors.New("input id is empty")

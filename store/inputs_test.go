@@ -33,31 +33,45 @@ func rejectedEntry(conv string, payload []byte) Entry {
 }
 
 // Item 7: a rejected input keeps a bounded prefix of its payload; an applied
-// one keeps all of it. Both keep the whole payload's hash and size.
+// turn keeps none of it (its message holds the turn); any other applied
+// input keeps all of it. Every row keeps the whole payload's hash and size.
 func TestPayloadStoredBoundedWhenRejected(t *testing.T) {
 	big := bytes.Repeat([]byte("x"), 8<<20)
 	tests := []struct {
 		name    string
+		kind    schema.InputKind
 		status  Status
+		message bool // the changes insert a message with the input's id
 		payload []byte
-		keep    int
+		keep    int // -1: NULL
 	}{
-		{"rejected 8 MiB keeps the prefix", StatusRejected, big, RejectedPayloadPrefix},
-		{"rejected one byte over the prefix", StatusRejected, big[:RejectedPayloadPrefix+1], RejectedPayloadPrefix},
-		{"rejected small keeps all", StatusRejected, []byte(`{"role":"system"}`), 17},
-		{"applied 1 MiB keeps all", StatusApplied, big[:1<<20], 1 << 20},
+		{"rejected 8 MiB keeps the prefix", schema.KindTurn, StatusRejected, false, big, RejectedPayloadPrefix},
+		{"rejected one byte over the prefix", schema.KindTurn, StatusRejected, false, big[:RejectedPayloadPrefix+1], RejectedPayloadPrefix},
+		{"rejected small keeps all", schema.KindTurn, StatusRejected, false, []byte(`{"role":"system"}`), 17},
+		{"applied turn keeps none: its message holds it", schema.KindTurn, StatusApplied, true, big[:1<<20], -1},
+		{"applied turn without its message keeps all", schema.KindTurn, StatusApplied, false, big[:1<<20], 1 << 20},
+		{"applied condense keeps all", schema.KindCondense, StatusApplied, false, []byte(`{"trigger":"manual"}`), 20},
+		{"applied pin keeps all, also when it inserts", schema.KindPin, StatusApplied, true, []byte(`{"pinned":true}`), 15},
 	}
 	s := openStore(t)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e := turnEntry("c")
+			e.Input = input("c", tc.kind)
 			e.Input.Payload, e.Input.Status = tc.payload, tc.status
 			if tc.status == StatusRejected {
 				e.Changes, e.Input.Reason = nil, string(schema.ReasonTooLarge)
 			}
+			if tc.message {
+				e.Changes.Insert = []schema.Insertion{{Message: msg("c", e.Input.ID, 1, schema.RoleUser, "the turn")}}
+			}
 			commit(t, s, e)
-			p, hash, size, _ := storedInput(t, s, e.Input.ID)
-			if len(p) != tc.keep || !bytes.Equal(p, tc.payload[:tc.keep]) {
+			p, hash, size, valid := storedInput(t, s, e.Input.ID)
+			if tc.keep < 0 {
+				if valid {
+					t.Errorf("stored %d payload bytes, want NULL", len(p))
+				}
+			} else if !valid || len(p) != tc.keep || !bytes.Equal(p, tc.payload[:tc.keep]) {
 				t.Errorf("stored %d payload bytes, want the first %d", len(p), tc.keep)
 			}
 			if want := PayloadHash(tc.payload); !bytes.Equal(hash, want[:]) {
@@ -65,6 +79,9 @@ func TestPayloadStoredBoundedWhenRejected(t *testing.T) {
 			}
 			if size != len(tc.payload) {
 				t.Errorf("payload_size = %d, want %d", size, len(tc.payload))
+			}
+			if want := e.StoredInput(); (want.Payload == nil) != (tc.keep < 0) || len(want.Payload) != max(tc.keep, 0) {
+				t.Errorf("StoredInput keeps %d payload bytes (nil %v), the row %d", len(want.Payload), want.Payload == nil, tc.keep)
 			}
 		})
 	}
@@ -234,7 +251,8 @@ func TestMigrationBackfillsHashesAndCutsRejectedPayloads(t *testing.T) {
 		keep    int
 	}{
 		{"too-large", StatusRejected, big, RejectedPayloadPrefix},
-		{"applied", StatusApplied, big[:300000], 300000},
+		// An applied turn's bytes are its message's since migration 11.
+		{"applied", StatusApplied, big[:300000], 0},
 		{"small-rejection", StatusRejected, []byte("{"), 1},
 	}
 	for i := range 300 { // more than one backfill page
@@ -243,7 +261,7 @@ func TestMigrationBackfillsHashesAndCutsRejectedPayloads(t *testing.T) {
 			status  Status
 			payload []byte
 			keep    int
-		}{fmt.Sprintf("r%d", i), StatusApplied, []byte(fmt.Sprint(i)), len(fmt.Sprint(i))})
+		}{fmt.Sprintf("r%d", i), StatusApplied, []byte(fmt.Sprint(i)), 0})
 	}
 	for _, r := range rows {
 		if _, err := db.Exec(`INSERT INTO inputs (id, conversation_id, kind, subject, ts, payload, status, reason, received_at)
