@@ -50,7 +50,11 @@ lint:
 ##   marshal beside encoding/json, the changelog replay rate (issue 10: ≥ 50,000 changes/s),
 ##   and the service binary driven over TCP by the publisher: end-to-end turns/s beside the
 ##   publish rate (goal 20k), the agent workload beside full reads (goal 1,000/s, p99 < 10 ms),
-##   and the CPU per applied turn of 3 instances beside 1 (goals ≤ 1.5 with --standby 1, ≤ 1.2 with 0)
+##   the CPU per applied turn of 3 instances beside 1 (goals ≤ 1.5 with --standby 1, ≤ 1.2 with 0),
+##   and the proxy (docs/proxy.md): its added latency per request (p50, p99) beside the same loops
+##   sent straight to the upstream, and the 43 shared transcripts replayed through it as agent
+##   loops: the share of upstream requests that extend the previous one byte for byte between
+##   reductions (goal ≥ 99 %), and the tokens sent upstream against every turn's full history
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./tokens/... ./stages/ ./store/
 	$(GO) test -run '^$$' -bench 'DecodeTranscripts|MarshalMessages' -benchmem -count=1 ./schema/
@@ -62,6 +66,7 @@ bench:
 	$(GO) test -run '^$$' -bench 'EndToEnd' -benchtime 1x -count=1 ./cmd/publisher/
 	$(GO) test -run '^$$' -bench 'InstancesCPU' -benchtime 1x -count=1 -timeout 20m ./cmd/publisher/
 	$(GO) test -run '^$$' -bench 'Rebuild' -benchtime 3x -count=1 ./pipeline/
+	$(GO) test -run '^$$' -bench 'ProxyLatency|ProxyReplay' -benchtime 1x -count=1 -timeout 10m ./proxy/
 
 ## bench-readme: make bench, then the README's performance table regenerated from its output
 bench-readme:

@@ -162,6 +162,24 @@ var rows = []row{
 			return fmt.Sprintf("%s changes/s (best iteration %s)",
 				r.span("BenchmarkRebuild", "changes/s", "int"), r.span("BenchmarkRebuild", "best-changes/s", "int"))
 		}},
+	{"the proxy's added latency per request, sampled agent loops sent straight to the upstream and through the proxy",
+		"go test -run '^$' -bench ProxyLatency -benchtime 1x ./proxy/",
+		func(r results) string {
+			const b = "BenchmarkProxyLatency"
+			return fmt.Sprintf("added p50 %s ms, p99 %s ms over %s requests (straight: p50 %s ms, p99 %s ms; through the proxy: p50 %s ms, p99 %s ms)",
+				r.span(b, "added-p50-ms", "%.1f"), r.span(b, "added-p99-ms", "%.0f"), r.span(b, "requests", "int"),
+				r.span(b, "direct-p50-ms", "%.1f"), r.span(b, "direct-p99-ms", "%.0f"),
+				r.span(b, "proxy-p50-ms", "%.1f"), r.span(b, "proxy-p99-ms", "%.0f"))
+		}},
+	{"the shared transcripts replayed as agent loops through the proxy, 32k window: upstream requests extending the previous one byte for byte between reductions (goal ≥ 99 %), and the tokens sent upstream",
+		"go test -run '^$' -bench ProxyReplay -benchtime 1x ./proxy/",
+		func(r results) string {
+			const b = "BenchmarkProxyReplay"
+			return fmt.Sprintf("%s %% between reductions, of %s requests over %s transcripts (%s came right after one of the %s reductions, %s of those extended the previous); upstream got %s %% of the tokens of every turn's full history (%s %% of the bytes)",
+				r.span(b, "prefix-kept-%", "%.2f"), r.span(b, "requests", "int"), r.span(b, "transcripts", "int"),
+				r.span(b, "after-reduction", "int"), r.span(b, "reductions", "int"), r.span(b, "after-reduction-kept", "int"),
+				r.span(b, "upstream-tokens-%", "%.1f"), r.span(b, "upstream-bytes-%", "%.1f"))
+		}},
 }
 
 // table is the markdown of the figures.
