@@ -28,7 +28,10 @@ type model struct {
 	hang time.Duration
 	// thinking adds a signed thinking block to Messages replies.
 	thinking bool
-	n        int
+	// inspect, when set, is called with each request before it is
+	// answered, while the proxy waits for the answer.
+	inspect func(r *http.Request, body []byte)
+	n       int
 }
 
 // seen is one request as the upstream received it.
@@ -78,8 +81,11 @@ func (m *model) serve(w http.ResponseWriter, r *http.Request) {
 	m.mu.Lock()
 	m.reqs = append(m.reqs, seen{path: r.URL.Path, header: r.Header.Clone(), body: body})
 	m.n++
-	n, over, hang, thinking := m.n, m.overflowOver, m.hang, m.thinking
+	n, over, hang, thinking, inspect := m.n, m.overflowOver, m.hang, m.thinking, m.inspect
 	m.mu.Unlock()
+	if inspect != nil {
+		inspect(r, body)
+	}
 	if hang > 0 {
 		select {
 		case <-time.After(hang):
