@@ -252,12 +252,16 @@ func TestBadInputs(t *testing.T) {
 func TestUpstreamFailures(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.HeaderTimeout = 300 * time.Millisecond })
 	body := []byte(`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`)
+	h.model.mu.Lock()
 	h.model.hang = 5 * time.Second
+	h.model.mu.Unlock()
 	resp, b := h.post(t, "/v1/messages", body, map[string]string{"X-Claude-Code-Session-Id": "hang-1"})
 	if resp.StatusCode != http.StatusGatewayTimeout || !strings.Contains(string(b), `"type":"error"`) {
 		t.Errorf("a hanging upstream: %d %s", resp.StatusCode, b)
 	}
-	h.model.hang = 0
+	h.model.mu.Lock()
+	h.model.hang = 0 // the handler of the request that timed out may still be reading it
+	h.model.mu.Unlock()
 	h.proxy.cfg.OpenAI.BaseURL = "http://127.0.0.1:1/v1"
 	resp, b = h.post(t, "/v1/chat/completions", []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`), nil)
 	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(b), `"error":{`) {
