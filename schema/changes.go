@@ -28,6 +28,9 @@ type ConversationState struct {
 	// pinned flag a turn was stored with (true pins, false unpins). Bounded
 	// by MaxPins; a rewind drops the entries of deleted messages.
 	Pins map[string]bool `json:"pins,omitempty"`
+	// ContinuesFrom is the key of the conversation this one continues, as
+	// the first turn that named one said (Turn.ContinuesFrom); "" when none.
+	ContinuesFrom string `json:"continues_from,omitempty"`
 }
 
 // MaxPins bounds ConversationState.Pins, so the state read on every input

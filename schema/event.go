@@ -23,6 +23,9 @@ const (
 	// EventToolResultsMasked announces an observation masking: older tool
 	// results replaced in the effective history by one-line stand-ins.
 	EventToolResultsMasked EventType = "tool_results_masked"
+	// EventConversationForked announces that a conversation continues
+	// another (Turn.ContinuesFrom).
+	EventConversationForked EventType = "conversation_forked"
 )
 
 // EventHeader is common to every event.
@@ -134,6 +137,18 @@ type InputRejected struct {
 	Subject string `json:"subject"`
 }
 
+// ConversationForked announces that this conversation continues another
+// one, whose history the agent's stopped extending (it compacted its
+// history itself, or edited an earlier message): the old conversation
+// stays as it was, and the agent's history goes on here. It is emitted by
+// the first turn that names the conversation it continues.
+type ConversationForked struct {
+	EventHeader
+	// ContinuesFrom is the key of the conversation continued, in the same
+	// form as conversation_id (so in the same tenant).
+	ContinuesFrom string `json:"continues_from"`
+}
+
 // DecodeEvent decodes any event by peeking at its type.
 func DecodeEvent(data []byte) (Event, error) {
 	var h EventHeader
@@ -156,6 +171,8 @@ func DecodeEvent(data []byte) (Event, error) {
 		e = &InputRejected{}
 	case EventToolResultsMasked:
 		e = &ToolResultsMasked{}
+	case EventConversationForked:
+		e = &ConversationForked{}
 	default:
 		return nil, fmt.Errorf("decode event: unknown type %q", h.Type)
 	}

@@ -291,6 +291,10 @@ func DecodeInput(subject string, data []byte) (Input, error) {
 			return Input{}, Errorf(ReasonConversationMismatch, "turn names conversation %q but arrived on %q", t.ConversationID, subject)
 		}
 		t.ConversationID = conv
+		if t.ContinuesFrom != "" {
+			tenant, _ := SplitKey(conv)
+			t.ContinuesFrom = ConversationKey(tenant, t.ContinuesFrom)
+		}
 		t.ID = CanonicalID(t.ID)
 		in.ID, in.TS, in.Turn = t.ID, t.TS, &t
 		return in, nil

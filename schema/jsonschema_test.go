@@ -183,6 +183,8 @@ func TestTurnSchemaKnownDifferences(t *testing.T) {
 			"JSON Schema calls 1732250000000.0 an integer; encoding/json will not put it into an int64"},
 		"usage_sum_over_cap": {true, false,
 			"JSON Schema bounds each usage count but cannot add them; Turn.Validate bounds the sum too (bad_usage)"},
+		"continues_from_itself": {true, false,
+			"JSON Schema cannot compare continues_from with conversation_id; Turn.Validate refuses a conversation continuing itself (bad_conversation_id)"},
 	}
 	sch := compileSchema(t, "turn.schema.json", schema.TurnSchemaID)
 	seen := map[string]bool{}
@@ -277,6 +279,7 @@ func sampleEvents() []schema.Event {
 		&schema.ToolResultsMasked{EventHeader: h(schema.EventToolResultsMasked),
 			MaskID: "7a1c7f1a-6a0b-5e54-9b1e-3c8f2b9a7d11", Count: 12, MessagesMasked: 9,
 			PrevContextTokens: 22400, NewContextTokens: 9100, Trigger: schema.TriggerAuto},
+		&schema.ConversationForked{EventHeader: h(schema.EventConversationForked), ContinuesFrom: "task-41"},
 		&schema.CondenseFailed{EventHeader: h(schema.EventCondenseFailed),
 			Error: schema.ReasonNothingToReduce, CondenseError: schema.ReasonNotEnoughMessages,
 			Message: "the condense failed (not_enough_messages: …), and nothing is left to truncate", Trigger: schema.TriggerForced},
@@ -300,8 +303,8 @@ func TestEventSchemaAcceptsGoEvents(t *testing.T) {
 			}
 		})
 	}
-	if len(types) != 7 {
-		t.Errorf("sample covers %d event types, want all 7", len(types))
+	if len(types) != 8 {
+		t.Errorf("sample covers %d event types, want all 8", len(types))
 	}
 	for _, file := range exampleFiles(t, "testdata/events/valid") {
 		t.Run(filepath.Base(file), func(t *testing.T) {

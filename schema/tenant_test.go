@@ -35,3 +35,26 @@ func TestTenantSubjects(t *testing.T) {
 		}
 	}
 }
+
+// A turn's continues_from names a conversation as its conversation_id does,
+// without the tenant: it becomes the key in the subject's tenant, so a link
+// can only ever lead to a conversation of the same tenant.
+func TestContinuesFromStaysInTheTenant(t *testing.T) {
+	for subject, want := range map[string]string{
+		schema.InputSubjectPrefix + "acme.task-42.turn": "acme.task-41",
+		schema.InputSubjectPrefix + "task-42.turn":      "task-41",
+	} {
+		in, err := schema.DecodeInput(subject, turnJSON(t, map[string]any{"continues_from": "task-41"}))
+		if err != nil {
+			t.Fatalf("%s: %v", subject, err)
+		}
+		if in.Turn.ContinuesFrom != want {
+			t.Errorf("%s: continues_from %q, want %q", subject, in.Turn.ContinuesFrom, want)
+		}
+	}
+	// Naming another tenant's key is not a conversation id.
+	_, err := schema.DecodeInput(schema.InputSubjectPrefix+"acme.task-42.turn", turnJSON(t, map[string]any{"continues_from": "globex.task-41"}))
+	if schema.ReasonOf(err) != schema.ReasonBadConversationID {
+		t.Errorf("continues_from naming another tenant's key: %v, want bad_conversation_id", err)
+	}
+}

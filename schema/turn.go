@@ -55,6 +55,14 @@ type Turn struct {
 	// through every reduction (condense, masking, truncation). A pin input
 	// can change it later (ConversationState.Pins).
 	Pinned bool `json:"pinned,omitempty"`
+	// ContinuesFrom names the conversation this one continues: the agent's
+	// history stopped extending that one's (it compacted it, or edited an
+	// earlier message), so the rest goes on here. The agent sends the id
+	// without a tenant, as conversation_id; DecodeInput makes it the key in
+	// the turn's own tenant, so a link never leaves the tenant. The first
+	// turn that names one records it (ConversationState.ContinuesFrom) with
+	// a conversation_forked event.
+	ContinuesFrom string `json:"continues_from,omitempty"`
 }
 
 // Message is a stored message: a turn, a summary or a truncation marker, with

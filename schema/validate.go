@@ -23,6 +23,14 @@ func (t *Turn) Validate() error {
 	if err := t.Usage.validate(); err != nil {
 		return err
 	}
+	if t.ContinuesFrom != "" {
+		if !ValidConversationID(t.ContinuesFrom) {
+			return Errorf(ReasonBadConversationID, "continues_from %q %s", t.ContinuesFrom, convIDRule)
+		}
+		if t.ContinuesFrom == t.ConversationID {
+			return Errorf(ReasonBadConversationID, "continues_from names the turn's own conversation %q", t.ConversationID)
+		}
+	}
 	for i := range t.Content.Blocks {
 		if err := t.Content.Blocks[i].validate(t.Role, false); err != nil {
 			return Errorf(ReasonOf(err), "content[%d]: %s", i, err.(*Error).Message)

@@ -147,6 +147,13 @@ func (r *run) turn() error {
 	r.st.LastTS = max(r.st.LastTS, t.TS)
 	r.ch.Insert = append(r.ch.Insert, schema.Insertion{Message: msg})
 	r.pending = &r.ch.Insert[len(r.ch.Insert)-1].Message
+	if t.ContinuesFrom != "" && r.st.ContinuesFrom == "" {
+		// The link is the conversation's from its first mention on; a later
+		// turn naming another changes nothing (its own field stays stored).
+		r.st.ContinuesFrom = t.ContinuesFrom
+		r.ch.Events = append(r.ch.Events, &schema.ConversationForked{
+			EventHeader: r.header(schema.EventConversationForked), ContinuesFrom: t.ContinuesFrom})
+	}
 	if awaitingResults(r.st.LastToolUseIDs, t) {
 		// The agent calls its model only once every result is in, and
 		// context is managed before that call (as Roo does). Reducing now

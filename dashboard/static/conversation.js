@@ -167,6 +167,9 @@ function eventLine(ev, managing) {
       el("div", {class: "muted"}, `${num(ev.messages_removed)} messages removed · ${num(ev.messages_restored)} restored · ${undone} condenses and ${untrunc} truncations undone`));
     break;
   }
+  case "conversation_forked":
+    li.append(head(el("span", {}, `continues ${ev.continues_from}`)));
+    break;
   case "input_rejected":
     li.append(head(el("span", {class: "reason"}, ev.reason)),
       el("div", {class: "muted"}, `${ev.message || ""} · ${ev.subject || ""}`));
