@@ -15,6 +15,8 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
+
+	"github.com/ctxpipe/ctxpipe/schema"
 )
 
 // post sends a raw request to the proxy.
@@ -180,6 +182,13 @@ func TestClientRewroteHistory(t *testing.T) {
 	if n := len(h.waitFull(t, "rw-1-f1", 4)); n != 4 {
 		t.Errorf("the new conversation has %d messages, want the edited 3 and the reply", n)
 	}
+	// The new conversation records the one it continues, with an event.
+	if got := h.forks(t, "rw-1-f1"); len(got) != 1 || got[0] != "rw-1" {
+		t.Errorf("rw-1-f1 says it continues %v, want [rw-1]", got)
+	}
+	if full := h.full(t, "rw-1-f1"); full[0].ContinuesFrom != "rw-1" {
+		t.Errorf("its first turn continues from %q", full[0].ContinuesFrom)
+	}
 	// The upstream got the client's history as it is now.
 	reqs := h.model.requests()
 	if got := reqs[len(reqs)-1].list(t); len(got) != 3 || !strings.Contains(got[1], "Looking closer.") {
@@ -296,5 +305,73 @@ func TestWebSocketRefusedAndModelsPassed(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.Contains(string(b), "test-model") {
 		t.Errorf("GET /v1/models: %d %s", resp.StatusCode, b)
+	}
+}
+
+// forks returns the conversations conv's conversation_forked events say it
+// continues.
+func (h *harness) forks(t *testing.T, conv string) []string {
+	t.Helper()
+	var out []string
+	for ev, err := range h.c.StoredEvents(context.Background(), conv, 0) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f, ok := ev.(*schema.ConversationForked); ok {
+			out = append(out, f.ContinuesFrom)
+		}
+	}
+	return out
+}
+
+// An agent compacts its history itself (Claude Code's summary prompt): the
+// compaction request goes upstream untouched and is recorded in the
+// conversation; the history the agent goes on with starts from the
+// summary, so it is a new conversation, which records that it continues
+// the compacted one.
+func TestAgentCompactionContinuesInALinkedConversation(t *testing.T) {
+	h := newHarness(t, nil)
+	hdr := map[string]string{"X-Claude-Code-Session-Id": "cmp-1"}
+	first := `{"role":"user","content":"Fix the failing test in pkg/x."},{"role":"assistant","content":"Looking."},{"role":"user","content":"Go on."}`
+	resp, b := h.post(t, "/v1/messages", []byte(`{"model":"m","max_tokens":100,"messages":[`+first+`]}`), hdr)
+	var reply struct {
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(b, &reply); resp.StatusCode != 200 || err != nil {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	prompt := `{"model":"m","max_tokens":100,"messages":[` + first + `,{"role":"assistant","content":` + string(reply.Content) +
+		`},{"role":"user","content":"Your task is to create a detailed summary of the conversation so far."}]}`
+	resp, b = h.post(t, "/v1/messages", []byte(prompt), hdr)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Ctxpipe-Conversation") != "cmp-1" {
+		t.Fatalf("the compaction request: %d %s in %q", resp.StatusCode, b, resp.Header.Get("X-Ctxpipe-Conversation"))
+	}
+	reqs := h.model.requests()
+	if got := reqs[len(reqs)-1].body; !bytes.Equal(got, []byte(prompt)) {
+		t.Errorf("the compaction request did not go upstream untouched:\n%s", got)
+	}
+	if n := h.agentTurns(t, "cmp-1", 6); n != 6 {
+		t.Fatalf("%d agent turns in cmp-1, want the compaction request's 5 and its reply", n)
+	}
+	// The agent goes on from the summary, without its analysis and tags.
+	summary := strings.TrimSpace(compactionSummary[strings.Index(compactionSummary, "<summary>")+len("<summary>") : strings.Index(compactionSummary, "</summary>")])
+	next := `{"model":"m","max_tokens":100,"messages":[{"role":"user","content":` + js("This session continues an earlier one. Summary:\n"+summary) + `}]}`
+	resp, b = h.post(t, "/v1/messages", []byte(next), hdr)
+	conv := resp.Header.Get("X-Ctxpipe-Conversation")
+	if resp.StatusCode != 200 || !strings.HasPrefix(conv, "cmp-1__t") {
+		t.Fatalf("the compacted history: %d %s in %q, want a thread of cmp-1", resp.StatusCode, b, conv)
+	}
+	if got := resp.Header.Get("X-Ctxpipe-Forked-From"); got != "cmp-1" {
+		t.Errorf("X-Ctxpipe-Forked-From %q, want cmp-1", got)
+	}
+	if got := h.forks(t, conv); len(got) != 1 || got[0] != "cmp-1" {
+		t.Errorf("%s says it continues %v, want [cmp-1]", conv, got)
+	}
+	// A side request of the same session that quotes nothing of the
+	// summary is a thread of its own, linked to nothing.
+	side := `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"Write a 5-word title for this session."}]}`
+	resp, _ = h.post(t, "/v1/messages", []byte(side), hdr)
+	if other := resp.Header.Get("X-Ctxpipe-Conversation"); other == conv || resp.Header.Get("X-Ctxpipe-Forked-From") != "" || len(h.forks(t, other)) != 0 {
+		t.Errorf("the side request went to %q, linked to %q", other, resp.Header.Get("X-Ctxpipe-Forked-From"))
 	}
 }

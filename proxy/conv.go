@@ -116,6 +116,10 @@ type located struct {
 	// extending ("" when none).
 	forkedFrom string
 	forkedAt   int
+	// continuesFrom is the conversation that the new conversation cv
+	// continues, recorded with its first turn (Turn.ContinuesFrom): the one
+	// it forked from, or the one whose compaction it starts from.
+	continuesFrom string
 }
 
 // ids are the turn ids the request's turns have in conversation conv.
@@ -171,6 +175,7 @@ func (p *Proxy) locate(ctx context.Context, key Key, req *request) (*located, er
 			l.cv, l.ids, l.rec, l.v, l.at = cv, ids, rec, v, at
 			if n > 0 && len(rec.ids) == 0 {
 				l.forkedFrom, l.forkedAt = prev, prevAt
+				l.continuesFrom = prev
 			}
 			return l, nil
 		}
@@ -192,6 +197,9 @@ func (p *Proxy) publish(ctx context.Context, l *located, key Key, req *request, 
 			TS: l.cv.nextTS(), Role: t.role, Content: t.content}
 		if req.system != "" && req.system != l.cv.system {
 			turn.SystemPrompt = req.system
+		}
+		if i == 0 {
+			turn.ContinuesFrom = l.continuesFrom
 		}
 		if _, err := p.c.Append(ctx, turn); err != nil {
 			return "", fmt.Errorf("record turn %d of %s: %w", i, l.cv.id, err)

@@ -128,6 +128,12 @@ func (p *Proxy) managed(w http.ResponseWriter, r *http.Request, d dialect, u *Up
 		return
 	}
 	cv := l.cv
+	if m == modeRecord && l.continuesFrom == "" && l.v == extends && len(l.rec.ids) == 0 {
+		if from := p.compactedFrom(key, req); from != "" && from != cv.id {
+			l.continuesFrom = from
+			p.log.Info("proxy: the client's compacted history continues in a new conversation", "from", from, "to", cv.id)
+		}
+	}
 	if l.forkedFrom != "" {
 		p.log.Info("proxy: the client's history no longer extends the recorded one; continuing in a new conversation",
 			"from", l.forkedFrom, "at_turn", l.forkedAt, "to", cv.id)
@@ -185,8 +191,8 @@ func (p *Proxy) managed(w http.ResponseWriter, r *http.Request, d dialect, u *Up
 	if key.Parent != "" {
 		hdr.Set("X-Ctxpipe-Parent-Conversation", key.Parent)
 	}
-	if l.forkedFrom != "" {
-		hdr.Set("X-Ctxpipe-Forked-From", l.forkedFrom)
+	if l.continuesFrom != "" {
+		hdr.Set("X-Ctxpipe-Forked-From", l.continuesFrom)
 	}
 
 	resp, err := p.send(ctx, u, r, out)
@@ -230,6 +236,10 @@ func (p *Proxy) managed(w http.ResponseWriter, r *http.Request, d dialect, u *Up
 	defer cancel()
 	if err := p.recordReply(rctx, cv, key, len(req.turns), t, usage); err != nil {
 		p.log.Warn("proxy: the reply was not recorded", "conversation", cv.id, "err", err)
+		return
+	}
+	if k == kindCompaction {
+		p.noteCompaction(key, cv.id, t.content)
 	}
 }
 

@@ -131,7 +131,9 @@ func (m *model) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	toolTurn := strings.Contains(last, `"tool_result"`) || strings.Contains(last, `"role":"tool"`) || strings.Contains(last, `"function_call_output"`)
 	a := answer{n: n, in: size/4 + 1, out: 20}
-	if toolTurn {
+	if strings.Contains(last, "detailed summary of the conversation so far") {
+		a.text = compactionSummary
+	} else if toolTurn {
 		a.text = fmt.Sprintf("Step %d is done: the files are listed and nothing failed.", n)
 	} else {
 		a.calls = []call{{fmt.Sprintf("call_%d_a", n), "bash", fmt.Sprintf(`{"command":"ls dir%d"}`, n)},
@@ -153,6 +155,13 @@ func (m *model) serve(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 	}
 }
+
+// compactionSummary is what the scripted model answers to an agent's
+// compaction prompt: an analysis the agent drops, then the summary.
+const compactionSummary = "<analysis>\nThe user wants the failing test fixed; I listed directories.\n</analysis>\n<summary>\n" +
+	"1. Primary request: fix the failing test in pkg/x, looking at one directory per step.\n" +
+	"2. Work done: every directory listed so far held only entry_NN.go files of 4096 bytes.\n" +
+	"3. Next step: look at the next directory and read the test that fails.\n</summary>"
 
 type call struct{ id, name, args string }
 

@@ -55,7 +55,9 @@ type Proxy struct {
 
 	mu    sync.Mutex
 	convs map[string]*conv
-	heads map[string]string
+	// compactions are the last compaction reply recorded for each session
+	// and agent (links.go).
+	compactions map[string]compaction
 }
 
 // New returns a proxy that records through c.
@@ -89,7 +91,7 @@ func New(c *client.Client, cfg Config) *Proxy {
 		DisableCompression:    true,
 	}
 	p := &Proxy{cfg: cfg, c: c, log: cfg.Log, http: &http.Client{Transport: tr},
-		convs: map[string]*conv{}, heads: map[string]string{}}
+		convs: map[string]*conv{}, compactions: map[string]compaction{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
 		p.managed(w, r, chatAPI{}, &p.cfg.OpenAI, modeRecord)
