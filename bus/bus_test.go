@@ -395,3 +395,47 @@ func TestPartitionOfAgreesWithTheServer(t *testing.T) {
 		t.Fatalf("no tenant: partition %d, want the shared one, %d", p, n)
 	}
 }
+
+// CTX_IN takes atomic batches; one made before it did is given them, one
+// that persists asynchronously (which cannot have them) is kept so.
+func TestAtomicPublishIsReconciled(t *testing.T) {
+	js, _ := newJS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	old := InStreamConfig()
+	old.AllowAtomicPublish = false
+	if _, err := js.CreateStream(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	findings, err := ReconcileStreams(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(findings) == 0 || findings[0].Field != "allow_atomic" || !findings[0].Changed {
+		t.Fatalf("findings %v, want allow_atomic set on CTX_IN", findings)
+	}
+	in, err := js.Stream(ctx, StreamIn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !in.CachedInfo().Config.AllowAtomicPublish {
+		t.Fatal("CTX_IN still takes no atomic batches")
+	}
+	if findings, _ := ReconcileStreams(ctx, js); len(findings) != 0 {
+		t.Fatalf("a second reconcile found %v", findings)
+	}
+
+	js2, _ := newJS(t)
+	async := InStreamConfig()
+	async.AllowAtomicPublish, async.PersistMode = false, jetstream.AsyncPersistMode
+	if _, err := js2.CreateStream(ctx, async); err != nil {
+		t.Fatal(err)
+	}
+	findings, err = ReconcileStreams(ctx, js2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(findings) == 0 || findings[0].Field != "allow_atomic" || findings[0].Changed {
+		t.Fatalf("findings %v, want allow_atomic kept off on an asynchronous CTX_IN", findings)
+	}
+}

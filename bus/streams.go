@@ -123,6 +123,9 @@ func InStreamConfig(opts ...Option) jetstream.StreamConfig {
 	c := streamConfig(StreamIn, "ctxpipe inputs: turns, condense, overflow and rewind requests", sharedInputs, opts)
 	c.Subjects = []string{sharedInputs, tenantInputs}
 	c.SubjectTransform = InputTransform(buildOptions(opts).partitions)
+	// A client may record several inputs as one atomic batch (Nats-Batch-Id,
+	// Nats-Batch-Sequence, Nats-Batch-Commit): all are stored, or none.
+	c.AllowAtomicPublish = true
 	return c
 }
 
@@ -292,6 +295,17 @@ func reconcileStream(ctx context.Context, js jetstream.JetStream, want jetstream
 	d.keep("storage", next.Storage.String(), want.Storage.String(), true)
 	d.keep("retention", next.Retention.String(), want.Retention.String(), true)
 	d.keep("discard", next.Discard.String(), want.Discard.String(), true)
+	if want.AllowAtomicPublish && !next.AllowAtomicPublish {
+		// Owned: clients record a request's turns as one batch. A stream
+		// the operator made persist asynchronously cannot have it; its
+		// clients then publish the inputs one by one.
+		if next.PersistMode == jetstream.AsyncPersistMode {
+			d.keep("allow_atomic", "false", "true", false)
+		} else {
+			d.set("allow_atomic", "false", "true")
+			next.AllowAtomicPublish = true
+		}
+	}
 	if want.Name == StreamState && next.AllowDirect {
 		// Owned for the changelog: see StateStreamConfig.
 		d.set("allow_direct", "true", "false")
