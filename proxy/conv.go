@@ -187,29 +187,107 @@ func (p *Proxy) locate(ctx context.Context, key Key, req *request) (*located, er
 	}
 }
 
-// publish records the request's turns from position from on, in order,
-// and returns the id of the last (or "" when there is none).
-func (p *Proxy) publish(ctx context.Context, l *located, key Key, req *request, from int) (string, error) {
-	last := ""
-	for i := from; i < len(req.turns); i++ {
+// publish records the request's turns from position l.at on, in order,
+// as one atomic batch (client.AppendAll): they are all recorded, or none
+// is. It returns the id of the last turn of the request ("" when it has
+// none). cv.mu is held.
+//
+// When the stream holds some of the turns already (an earlier batch whose
+// answer was lost), it waits until the first of them is applied, reads
+// what the conversation holds, and sends the rest. Where the stream takes
+// no atomic batches, the turns are published one by one (publishEach).
+func (p *Proxy) publish(ctx context.Context, l *located, key Key, req *request) (string, error) {
+	if len(req.turns) == 0 {
+		return "", nil
+	}
+	last := l.ids[len(req.turns)-1]
+	for try := 0; ; try++ {
+		turns := p.turns(l, key, req)
+		if len(turns) == 0 {
+			return last, nil
+		}
+		_, err := p.c.AppendAll(ctx, turns)
+		switch {
+		case err == nil:
+			p.published(l, turns)
+			return last, nil
+		case errors.Is(err, client.ErrNoAtomicBatch):
+			return last, p.publishEach(ctx, l, turns)
+		case errors.Is(err, client.ErrBatchDuplicate) && try < 2:
+			l.cv.pending = turns[0].ID // the read waits until it is applied
+			rec, err := l.cv.read(ctx)
+			if err != nil {
+				return "", err
+			}
+			v, at := matchTurns(rec.ids, l.ids)
+			if v != extends {
+				return "", fmt.Errorf("conversation %s changed while its turns were recorded (%s at %d)", l.cv.id, v, at)
+			}
+			l.rec, l.at = rec, at
+		default:
+			return "", fmt.Errorf("record turns %d-%d of %s: %w", l.at, len(req.turns)-1, l.cv.id, err)
+		}
+	}
+}
+
+// turns are the request's turns from l.at on as the wire contract's.
+func (p *Proxy) turns(l *located, key Key, req *request) []schema.Turn {
+	var out []schema.Turn
+	system := l.cv.system
+	for i := l.at; i < len(req.turns); i++ {
 		t := &req.turns[i]
 		turn := schema.Turn{ID: l.ids[i], ConversationID: l.cv.id, AgentID: key.Agent, ProfileID: p.cfg.ProfileID,
 			TS: l.cv.nextTS(), Role: t.role, Content: t.content}
-		if req.system != "" && req.system != l.cv.system {
-			turn.SystemPrompt = req.system
+		if req.system != "" && req.system != system {
+			turn.SystemPrompt, system = req.system, req.system
 		}
 		if i == 0 {
 			turn.ContinuesFrom = l.continuesFrom
 		}
-		if _, err := p.c.Append(ctx, turn); err != nil {
-			return "", fmt.Errorf("record turn %d of %s: %w", i, l.cv.id, err)
-		}
-		if turn.SystemPrompt != "" {
-			l.cv.system = turn.SystemPrompt
-		}
-		last = turn.ID
+		out = append(out, turn)
 	}
-	return last, nil
+	return out
+}
+
+// published notes the system prompt the turns recorded.
+func (p *Proxy) published(l *located, turns []schema.Turn) {
+	for i := range turns {
+		if turns[i].SystemPrompt != "" {
+			l.cv.system = turns[i].SystemPrompt
+		}
+	}
+}
+
+// partialError is a request whose new turns were recorded only in part:
+// the stream takes no atomic batches, and publishing them one by one
+// stopped half way. The request is not forwarded (its last recorded turn
+// may be a tool call whose result is not), and the client is asked to
+// send it again, which records the rest under the same ids.
+type partialError struct {
+	conv         string
+	stored, want int
+	err          error
+}
+
+func (e *partialError) Error() string {
+	return fmt.Sprintf("recorded %d of the request's %d new turns in %s: %v", e.stored, e.want, e.conv, e.err)
+}
+func (e *partialError) Unwrap() error { return e.err }
+
+// publishEach publishes turns one by one, in order. When it stops after
+// some were stored, the error is a *partialError.
+func (p *Proxy) publishEach(ctx context.Context, l *located, turns []schema.Turn) error {
+	for i := range turns {
+		if _, err := p.c.Append(ctx, turns[i]); err != nil {
+			err = fmt.Errorf("record turn %s of %s: %w", turns[i].ID, l.cv.id, err)
+			if i > 0 {
+				return &partialError{conv: l.cv.id, stored: i, want: len(turns), err: err}
+			}
+			return err
+		}
+		p.published(l, turns[i:i+1])
+	}
+	return nil
 }
 
 // recordReply records the upstream's reply as the turn after the

@@ -145,8 +145,14 @@ func (p *Proxy) managed(w http.ResponseWriter, r *http.Request, d dialect, u *Up
 	case m == modeCount:
 		extra = req.turns[l.at:]
 	default:
-		if last, err = p.publish(ctx, l, key, req, l.at); err != nil {
+		if last, err = p.publish(ctx, l, key, req); err != nil {
 			cv.mu.Unlock()
+			var pe *partialError
+			if errors.As(err, &pe) {
+				p.log.Warn("proxy: the request's new turns were recorded in part; asking the client to send it again", "err", err)
+				writeError(w, d, http.StatusServiceUnavailable, "ctxpipe recorded only part of this request's new turns, so it was not sent on: send it again")
+				return
+			}
 			p.unmanaged(w, r, u, d, body, err)
 			return
 		}
