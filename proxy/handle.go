@@ -98,6 +98,19 @@ func (p *Proxy) managed(w http.ResponseWriter, r *http.Request, d dialect, u *Up
 		writeError(w, d, http.StatusBadRequest, err.Error())
 		return
 	}
+	switch plain, coded, err := decodeBody(r.Header, body, p.cfg.MaxBodyBytes); {
+	case errors.Is(err, errUnknownEncoding):
+		p.log.Warn("proxy: forwarding the request unmanaged", "err", err)
+		p.forward(w, r, u, d, body, http.Header{"X-Ctxpipe-Managed": {"false"}})
+		return
+	case err != nil:
+		writeError(w, d, http.StatusBadRequest, err.Error())
+		return
+	case coded:
+		// What goes upstream is the decoded body (or one built from it).
+		body = plain
+		r.Header.Del("Content-Encoding")
+	}
 	obj, err := parseObject(body)
 	if err != nil {
 		writeError(w, d, http.StatusBadRequest, err.Error())

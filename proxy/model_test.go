@@ -31,7 +31,10 @@ type model struct {
 	// inspect, when set, is called with each request before it is
 	// answered, while the proxy waits for the answer.
 	inspect func(r *http.Request, body []byte)
-	n       int
+	// gate, when set, holds a streamed answer after its first event until
+	// it is closed.
+	gate chan struct{}
+	n    int
 }
 
 // seen is one request as the upstream received it.
@@ -81,10 +84,13 @@ func (m *model) serve(w http.ResponseWriter, r *http.Request) {
 	m.mu.Lock()
 	m.reqs = append(m.reqs, seen{path: r.URL.Path, header: r.Header.Clone(), body: body})
 	m.n++
-	n, over, hang, thinking, inspect := m.n, m.overflowOver, m.hang, m.thinking, m.inspect
+	n, over, hang, thinking, inspect, gate := m.n, m.overflowOver, m.hang, m.thinking, m.inspect, m.gate
 	m.mu.Unlock()
 	if inspect != nil {
 		inspect(r, body)
+	}
+	if gate != nil {
+		w = &gatedWriter{ResponseWriter: w, gate: gate}
 	}
 	if hang > 0 {
 		select {
@@ -95,7 +101,16 @@ func (m *model) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.Method == http.MethodGet && r.URL.Path == "/v1/models" {
 		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Request-Id", "req_models")
+		// A hop-by-hop header of the upstream's own, named in Connection.
+		w.Header().Set("Connection", "X-Upstream-Hop")
+		w.Header().Set("X-Upstream-Hop", "1")
 		fmt.Fprint(w, `{"object":"list","data":[{"id":"test-model","object":"model","created":1,"owned_by":"test"}]}`)
+		return
+	}
+	if r.URL.Path == "/api/hello" {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"message":"hello"}`)
 		return
 	}
 	var req struct {
@@ -162,6 +177,22 @@ const compactionSummary = "<analysis>\nThe user wants the failing test fixed; I 
 	"1. Primary request: fix the failing test in pkg/x, looking at one directory per step.\n" +
 	"2. Work done: every directory listed so far held only entry_NN.go files of 4096 bytes.\n" +
 	"3. Next step: look at the next directory and read the test that fails.\n</summary>"
+
+// gatedWriter holds a stream after its first flushed event until gate is
+// closed: a test reads that event through the proxy meanwhile.
+type gatedWriter struct {
+	http.ResponseWriter
+	gate    chan struct{}
+	flushed bool
+}
+
+func (g *gatedWriter) Flush() {
+	g.ResponseWriter.(http.Flusher).Flush()
+	if !g.flushed {
+		g.flushed = true
+		<-g.gate
+	}
+}
 
 type call struct{ id, name, args string }
 

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -123,13 +124,27 @@ func New(c *client.Client, cfg Config) *Proxy {
 	return p
 }
 
-func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.mux.ServeHTTP(w, r) }
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.Contains(r.URL.Path, "//") {
+		// A base URL given with a trailing slash makes clients ask for
+		// /v1//responses: the same path. (ServeMux would answer it with a
+		// redirect, which a client turns into a GET or does not follow.)
+		for strings.Contains(r.URL.Path, "//") {
+			r.URL.Path = strings.ReplaceAll(r.URL.Path, "//", "/")
+		}
+		r.URL.RawPath = ""
+	}
+	p.mux.ServeHTTP(w, r)
+}
 
 // route picks the upstream of a request the proxy does not manage (GET
 // /v1/models, say): Anthropic's when the client speaks Anthropic (its
-// version header or its key header), OpenAI's otherwise.
+// version, beta or key header), or asks for a path of Anthropic's outside
+// /v1 (Claude Code probes HEAD /api/hello at start), or is Claude Code;
+// OpenAI's otherwise.
 func (p *Proxy) route(r *http.Request) *Upstream {
-	if r.Header.Get("Anthropic-Version") != "" || r.Header.Get("X-Api-Key") != "" {
+	if r.Header.Get("Anthropic-Version") != "" || r.Header.Get("Anthropic-Beta") != "" || r.Header.Get("X-Api-Key") != "" ||
+		strings.HasPrefix(r.URL.Path, "/api/") || strings.HasPrefix(r.Header.Get("User-Agent"), "claude-cli/") {
 		return &p.cfg.Anthropic
 	}
 	return &p.cfg.OpenAI
