@@ -38,6 +38,7 @@ func newReplayer(tb testing.TB, ts []quality.Transcript) *replayer {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(c.Close)
+	waitApplying(tb, c)
 	m := newReplayModel(tb, ts)
 	p := New(c, Config{
 		OpenAI:    Upstream{BaseURL: m.srv.URL + "/v1"},

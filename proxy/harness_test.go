@@ -39,6 +39,7 @@ func newHarness(t *testing.T, tune func(*Config)) *harness {
 	}
 	t.Cleanup(c.Close)
 	h.c = c
+	waitApplying(t, c)
 	cfg := Config{
 		OpenAI:    Upstream{BaseURL: h.model.srv.URL + "/v1", APIKey: "sk-upstream"},
 		Anthropic: Upstream{BaseURL: h.model.srv.URL, APIKey: "ak-upstream"},
@@ -54,6 +55,24 @@ func newHarness(t *testing.T, tune func(*Config)) *harness {
 	h.srv = httptest.NewServer(h.proxy)
 	t.Cleanup(h.srv.Close)
 	return h
+}
+
+// waitApplying returns once the service applies inputs: it consumes them
+// only after taking its partitions, which on a loaded machine can outlast
+// the client's timeout, and a test's first request would then go on
+// unmanaged. Readiness is not a timed assertion: the minute only bounds a
+// broken start.
+func waitApplying(tb testing.TB, c *client.Client) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	id, err := c.Append(ctx, schema.Turn{ConversationID: "harness-ready", Role: schema.RoleUser, Content: schema.TextContent("ready?")})
+	if err == nil {
+		err = c.Wait(ctx, "harness-ready", id)
+	}
+	if err != nil {
+		tb.Fatalf("the service does not apply inputs: %v", err)
+	}
 }
 
 // full is conv's full history.
