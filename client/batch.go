@@ -40,8 +40,8 @@ var (
 	// one instead (Append).
 	ErrNoAtomicBatch = errors.New("ctxpipe: the stream does not take atomic batches")
 	// ErrBatchDuplicate: a turn of the batch is in the stream already (an
-	// earlier batch or Append with its id, inside the stream's duplicate
-	// window); nothing of this batch was stored. Wait for that turn, read
+	// earlier batch or Append with its id from this connection, inside the
+	// stream's duplicate window); nothing of this batch was stored. Wait for that turn, read
 	// what the conversation holds, and send the rest.
 	ErrBatchDuplicate = errors.New("ctxpipe: a turn of the batch is in the stream already")
 )
@@ -66,7 +66,8 @@ type batchAck struct {
 // commit whose answer was lost (a timeout, the connection dropping), after
 // which the batch may or may not be in the stream: sending it again then
 // fails with ErrBatchDuplicate if it is. Ids and timestamps are filled as
-// Append fills them, and each turn's id is its Nats-Msg-Id, as with Append.
+// Append fills them, and each message's Nats-Msg-Id is made of its turn's
+// id as Append makes it (bus.MsgID).
 //
 // The stream must allow atomic publish (bus.InStreamConfig does); where it
 // does not, AppendAll fails with ErrNoAtomicBatch having stored nothing. A
@@ -116,7 +117,7 @@ func (c *Client) AppendAll(ctx context.Context, turns []schema.Turn) ([]string, 
 	for i := range data {
 		m := nats.NewMsg(subject)
 		m.Data = data[i]
-		m.Header.Set(jetstream.MsgIDHeader, ids[i])
+		m.Header.Set(jetstream.MsgIDHeader, bus.MsgID(c.nc, subject, ids[i]))
 		m.Header.Set(jetstream.ExpectedStreamHeader, bus.StreamIn)
 		m.Header.Set(hdrBatchID, batch)
 		m.Header.Set(hdrBatchSeq, strconv.Itoa(i+1))
