@@ -3,6 +3,7 @@ package changelog_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -26,9 +27,7 @@ func TestFollowLiveReadsEveryRecordOnACluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.EnsureStreams(ctx, js, bus.WithReplicas(3)); err != nil {
-		t.Fatal(err)
-	}
+	ensureR3(t, js)
 	const records, followers = 1500, 6
 	type result struct {
 		n   int
@@ -46,10 +45,17 @@ func TestFollowLiveReadsEveryRecordOnACluster(t *testing.T) {
 			items := make(chan changelog.Item)
 			errc := make(chan error, 1)
 			go func() { errc <- changelog.FollowLive(fctx, fjs, nil, 1, true, nil, items) }()
-			n := 0
+			n, starts := 0, 1
 			for {
 				select {
 				case err := <-errc:
+					if n == 0 && starts < 3 {
+						// Not started (a request lost while the cluster
+						// settles): start again, as the service does.
+						starts++
+						go func() { errc <- changelog.FollowLive(fctx, fjs, nil, 1, true, nil, items) }()
+						continue
+					}
 					results <- result{n, err}
 					return
 				case it := <-items:
@@ -131,5 +137,58 @@ func TestFollowLiveSwitchesBetweenHeadersAndData(t *testing.T) {
 		if it.Record != nil && it.Record.At != int64(seq-1) {
 			t.Fatalf("item %d holds record %d", seq, it.Record.At)
 		}
+	}
+}
+
+// Appends of a partition back to back, as a writer's overlapping rounds
+// make them, all land on a 3-node cluster. A replicated stream answers the
+// condition on the subject's last sequence with 10164 (undecided) while the
+// subject's previous message is still being stored on the leader, although
+// its writer has its acknowledgement; the append failed on it, and so did
+// its batch.
+func TestAppendsBackToBackOnACluster(t *testing.T) {
+	ctx := context.Background()
+	c := natstest.RunCluster(t)
+	const writers, appends = 4, 1500
+	errs := make(chan error, writers)
+	for w := range writers {
+		js, err := jetstream.New(natstest.Connect(t, c.URLs()[w%natstest.ClusterSize]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w == 0 {
+			ensureR3(t, js)
+		}
+		go func() {
+			l := &changelog.Log{JS: js}
+			var after uint64
+			for i := range appends {
+				data, err := changelog.Encode(changelog.Record{Partition: w, At: int64(i)})
+				if err == nil {
+					after, err = l.Append(ctx, w, after, data)
+				}
+				if err != nil {
+					errs <- fmt.Errorf("writer %d, append %d: %w", w, i, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// ensureR3 creates the streams at 3 replicas, retrying as the service does:
+// a cluster just formed may lose the first requests.
+func ensureR3(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	if err := bus.RetryStart(context.Background(), slog.New(slog.DiscardHandler), "ensure streams", func(ctx context.Context) error {
+		return bus.EnsureStreams(ctx, js, bus.WithReplicas(3))
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

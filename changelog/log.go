@@ -77,10 +77,7 @@ func (l *Log) Append(ctx context.Context, p int, after uint64, data []byte) (uin
 		}
 		sum := sha256.Sum256(piece)
 		id := hex.EncodeToString(sum[:16]) + "@" + strconv.FormatUint(after, 10)
-		pctx, cancel := context.WithTimeout(ctx, cmp.Or(l.PublishTimeout, 5*time.Second))
-		ack, err := l.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(bus.StreamState),
-			jetstream.WithExpectLastSequencePerSubject(after))
-		cancel()
+		ack, err := l.publish(ctx, msg, id, after)
 		if err != nil {
 			var apiErr *jetstream.APIError
 			if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
@@ -104,6 +101,34 @@ func (l *Log) Append(ctx context.Context, p int, after uint64, data []byte) (uin
 		after = ack.Sequence
 	}
 	return after, nil
+}
+
+// publish sends msg with Nats-Msg-Id id on condition that its subject's
+// last sequence is after, within PublishTimeout. A replicated stream does
+// not decide the condition (error 10164, where a decided one is 10071)
+// while another message of the subject is being stored: one of another
+// writer, or this writer's previous one, acknowledged already but not yet
+// done with on the leader (back-to-back appends of a partition met that,
+// one in a few thousand). The publish is sent again after a pause, until
+// the condition is decided.
+func (l *Log) publish(ctx context.Context, msg *nats.Msg, id string, after uint64) (*jetstream.PubAck, error) {
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(l.PublishTimeout, 5*time.Second))
+	defer cancel()
+	pause := time.Millisecond
+	for {
+		ack, err := l.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(bus.StreamState),
+			jetstream.WithExpectLastSequencePerSubject(after))
+		var apiErr *jetstream.APIError
+		if err == nil || !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequenceConstant {
+			return ack, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 50*time.Millisecond)
+	}
 }
 
 // lost tells whether subject's last message is older than sequence after,
