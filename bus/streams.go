@@ -135,8 +135,9 @@ func InStreamConfig(opts ...Option) jetstream.StreamConfig {
 func StateStreamConfig(opts ...Option) jetstream.StreamConfig {
 	c := streamConfig(StreamState, "ctxpipe changelog: every committed change, per partition", StateSubjects, opts)
 	c.MaxAge, c.MaxBytes, c.Duplicates = 0, -1, DuplicateWindow
-	// No direct gets: a follower fetches a record it was just told of, and
-	// a direct get may be answered by a replica that does not have it yet.
+	// No direct gets: a writer whose append was refused reads the message
+	// after its fence and the partition's last one, and a direct get may be
+	// answered by a replica that does not have them yet.
 	c.AllowDirect = false
 	return c
 }

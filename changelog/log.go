@@ -77,10 +77,7 @@ func (l *Log) Append(ctx context.Context, p int, after uint64, data []byte) (uin
 		}
 		sum := sha256.Sum256(piece)
 		id := hex.EncodeToString(sum[:16]) + "@" + strconv.FormatUint(after, 10)
-		pctx, cancel := context.WithTimeout(ctx, cmp.Or(l.PublishTimeout, 5*time.Second))
-		ack, err := l.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(bus.StreamState),
-			jetstream.WithExpectLastSequencePerSubject(after))
-		cancel()
+		ack, err := l.publish(ctx, msg, id, after)
 		if err != nil {
 			var apiErr *jetstream.APIError
 			if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
@@ -104,6 +101,34 @@ func (l *Log) Append(ctx context.Context, p int, after uint64, data []byte) (uin
 		after = ack.Sequence
 	}
 	return after, nil
+}
+
+// publish sends msg with Nats-Msg-Id id on condition that its subject's
+// last sequence is after, within PublishTimeout. A replicated stream does
+// not decide the condition (error 10164, where a decided one is 10071)
+// while another message of the subject is being stored: one of another
+// writer, or this writer's previous one, acknowledged already but not yet
+// done with on the leader (back-to-back appends of a partition met that,
+// one in a few thousand). The publish is sent again after a pause, until
+// the condition is decided.
+func (l *Log) publish(ctx context.Context, msg *nats.Msg, id string, after uint64) (*jetstream.PubAck, error) {
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(l.PublishTimeout, 5*time.Second))
+	defer cancel()
+	pause := time.Millisecond
+	for {
+		ack, err := l.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(bus.StreamState),
+			jetstream.WithExpectLastSequencePerSubject(after))
+		var apiErr *jetstream.APIError
+		if err == nil || !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequenceConstant {
+			return ack, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 50*time.Millisecond)
+	}
 }
 
 // lost tells whether subject's last message is older than sequence after,
@@ -434,14 +459,29 @@ func Follow(ctx context.Context, js jetstream.JetStream, from uint64, have func(
 	}
 }
 
+// switchBack is how many messages in a row a live follower reading data
+// (having started headers only) must find it holds already before it goes
+// back to reading headers only.
+const switchBack = 256
+
+// liveMaxBytes bounds what a live follower reading data has asked for and
+// not yet taken: room for a few messages of the largest size.
+const liveMaxBytes = 4 * bus.MaxMsgSize
+
 // FollowLive is Follow for a running instance, which wrote many of the
 // records itself, of the partitions it holds (their subjects; nil: every
-// partition). With headersOnly the consumer delivers headers only, and the
-// data of a message is fetched (a direct get) only when have says the
-// instance lacks it: a single instance thus never reads its own records
-// back. Without it every message comes with its data, which is what a
-// partition restored from the log wants (a direct get per record would make
-// a restore a round trip per record).
+// partition). With headersOnly it reads headers only while have says the
+// instance holds every message (a single instance thus never reads its own
+// records back: on 4 MiB records that was a quarter of its CPU); at the
+// first message it lacks, it reads on from there with a consumer that
+// delivers data, and goes back to headers only after switchBack messages
+// in a row it holds. Without headersOnly every message comes with its
+// data, which is what a partition restored from the log wants. The data
+// always comes from the consumer that delivered the message: a get by
+// sequence is answered by the stream leader, which may not have stored yet
+// a message a replica (serving the consumer) delivered, and answers 404
+// then (seen while the leader was busy for milliseconds, a few hundred
+// messages into a run).
 func FollowLive(ctx context.Context, js jetstream.JetStream, subjects []string, from uint64, headersOnly bool, have func(p int, seq uint64) bool, out chan<- Item) error {
 	var watched []string
 	if len(subjects) == 0 {
@@ -449,45 +489,76 @@ func FollowLive(ctx context.Context, js jetstream.JetStream, subjects []string, 
 	} else {
 		watched = subjects
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: subjects, HeadersOnly: headersOnly, InactiveThreshold: inactive}
-	if from > 1 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
-	}
 	stream, err := js.Stream(ctx, bus.StreamState)
 	if err != nil {
 		return fmt.Errorf("follow %s: %w", bus.StreamState, err)
 	}
-	cons, err := stream.OrderedConsumer(ctx, cfg)
+	l := liveFollower{stream: stream, subjects: subjects, watched: watched, have: have, asm: NewAssembler(), out: out,
+		switches: headersOnly}
+	for {
+		if from, err = l.run(ctx, from, headersOnly); err != nil {
+			return err
+		}
+		headersOnly = !headersOnly
+	}
+}
+
+// liveFollower is what FollowLive's runs share.
+type liveFollower struct {
+	stream            jetstream.Stream
+	subjects, watched []string
+	have              func(p int, seq uint64) bool
+	asm               *Assembler
+	out               chan<- Item
+	switches          bool // between headers only and data; false: data only
+}
+
+// run reads CTX_STATE from sequence from with one ordered consumer,
+// headers only or with data, until that way of reading stops paying: it
+// returns the sequence to read on from with the other. Headers only, that
+// is the first message have says the instance lacks (not sent: it is read
+// again with its data); with data, the message after switchBack in a row
+// the instance holds.
+func (l *liveFollower) run(ctx context.Context, from uint64, headersOnly bool) (uint64, error) {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: l.subjects, HeadersOnly: headersOnly, InactiveThreshold: inactive}
+	if from > 1 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	}
+	cons, err := l.stream.OrderedConsumer(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("follow %s: %w", bus.StreamState, err)
+		return 0, fmt.Errorf("follow %s: %w", bus.StreamState, err)
 	}
 	// Short pulls with heartbeats: when the node serving the ordered
 	// consumer dies, the library notices in two missed heartbeats and makes
 	// a new one (with the defaults, 30 s pulls, a follower stalled that long
 	// after a node loss, and every owner waiting on it).
-	it, err := cons.Messages(jetstream.PullMaxMessages(4096), jetstream.PullExpiry(3*time.Second), jetstream.PullHeartbeat(time.Second))
+	var batch jetstream.PullMessagesOpt = jetstream.PullMaxMessages(4096)
+	if !headersOnly {
+		batch = jetstream.PullMaxBytes(liveMaxBytes)
+	}
+	it, err := cons.Messages(batch, jetstream.PullExpiry(3*time.Second), jetstream.PullHeartbeat(time.Second))
 	if err != nil {
-		return fmt.Errorf("follow %s: %w", bus.StreamState, err)
+		return 0, fmt.Errorf("follow %s: %w", bus.StreamState, err)
 	}
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
-	w := &watch{after: stallAfter, last: from - min(from, 1), subjects: watched}
+	w := &watch{after: stallAfter, last: from - min(from, 1), subjects: l.watched}
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	go w.run(wctx, stream, it.Stop)
-	asm := NewAssembler()
+	go w.run(wctx, l.stream, it.Stop)
+	held := 0 // messages in a row the instance holds
 	for {
 		w.wait()
 		msg, err := it.Next()
 		if err != nil {
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return 0, ctx.Err()
 			}
 			if werr := w.Err(); werr != nil {
-				return werr
+				return 0, werr
 			}
-			return fmt.Errorf("follow %s: %w", bus.StreamState, err)
+			return 0, fmt.Errorf("follow %s: %w", bus.StreamState, err)
 		}
 		md, err := msg.Metadata()
 		if err != nil {
@@ -499,27 +570,24 @@ func FollowLive(ctx context.Context, js jetstream.JetStream, subjects []string, 
 		switch {
 		case !ok:
 			item.Err = fmt.Errorf("subject %q names no partition", msg.Subject())
-		case have != nil && have(p, item.Seq):
+		case l.have != nil && l.have(p, item.Seq):
 			item.Partition = p
-			asm.Drop(p)
-		case !headersOnly:
-			item.Partition = p
-			asm.fill(&item, p, msg.Headers(), msg.Data())
+			l.asm.Drop(p)
+			held++
+		case headersOnly:
+			return item.Seq, nil
 		default:
 			item.Partition = p
-			raw, err := stream.GetMsg(ctx, item.Seq)
-			if err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				return fmt.Errorf("follow %s: read %d: %w", bus.StreamState, item.Seq, err)
-			}
-			asm.fill(&item, p, raw.Header, raw.Data)
+			l.asm.fill(&item, p, msg.Headers(), msg.Data())
+			held = 0
 		}
 		select {
-		case out <- item:
+		case l.out <- item:
 		case <-ctx.Done():
-			return ctx.Err()
+			return 0, ctx.Err()
+		}
+		if l.switches && !headersOnly && held >= switchBack {
+			return item.Seq + 1, nil
 		}
 	}
 }

@@ -828,10 +828,12 @@ func (c *shard) applyFollowed(items []changelog.Item) (retried bool) {
 	for {
 		groups := make([]store.Group, len(recs))
 		for i, x := range recs {
-			// The writer's relay published these events long ago; only
-			// recent ones are sent again (the stream drops the copies), in
-			// case the writer died before its relay got to them.
-			groups[i] = store.Group{At: x.r.At, Entries: x.r.Entries, Published: x.r.At < old}
+			// The writer's relay publishes these events (it published
+			// them long ago when the record is old). The relay here holds
+			// recent ones back and publishes only those the event stream
+			// lacks when the hold ends: the writer died before its relay
+			// got to them.
+			groups[i] = store.Group{At: x.r.At, Entries: x.r.Entries, Published: x.r.At < old, Held: true}
 		}
 		var tx *store.Tx
 		var err error

@@ -42,6 +42,9 @@ type harness struct {
 	metrics *pipeline.Metrics
 	ts      int64
 	stop    func() // stops the runner and closes the files (also at cleanup)
+	// stopRelays stops the relays, as if the instance died before its
+	// relays sent what it committed.
+	stopRelays context.CancelFunc
 }
 
 // smallProfile: window 4000, max_tokens 400 → allowed 3200; the global
@@ -106,10 +109,13 @@ func startFiles(t *testing.T, url string, cfg pipeline.Config, storeOpts []store
 		profiles = []schema.Profile{smallProfile(schema.DefaultProfileID)}
 	}
 	// The relay never polls: every event the tests wait for must leave
-	// because the commit that stored it woke the relay.
+	// because the commit that stored it woke the relay. Another
+	// instance's events are held a second at least (not 5), so that tests
+	// of several instances see them released soon.
 	var relays []*store.Relay
 	for _, st := range set.Files() {
-		relays = append(relays, store.NewRelay(st, pipeline.JetStreamPublisher{JS: js}, log, store.RelayOptions{PollInterval: time.Hour}))
+		relays = append(relays, store.NewRelay(st, pipeline.JetStreamPublisher{JS: js}, log,
+			store.RelayOptions{PollInterval: time.Hour, Hold: time.Second}))
 	}
 	metrics := pipeline.NewMetrics()
 	r, err := pipeline.New(cfg, pipeline.Deps{
@@ -124,8 +130,9 @@ func startFiles(t *testing.T, url string, cfg pipeline.Config, storeOpts []store
 		t.Fatal(err)
 	}
 	relayDone, runDone := make(chan error, len(relays)), make(chan error, 1)
+	relayCtx, stopRelays := context.WithCancel(ctx)
 	for _, relay := range relays {
-		go func() { relayDone <- relay.Run(ctx) }()
+		go func() { relayDone <- relay.Run(relayCtx) }()
 	}
 	go func() { runDone <- r.Run(ctx) }()
 	var once sync.Once
@@ -141,7 +148,8 @@ func startFiles(t *testing.T, url string, cfg pipeline.Config, storeOpts []store
 		})
 	}
 	t.Cleanup(stop)
-	h := &harness{t: t, nc: nc, js: js, set: set, relays: relays, ai: ai, runner: r, metrics: metrics, ts: 1_700_000_000_000, stop: stop}
+	h := &harness{t: t, nc: nc, js: js, set: set, relays: relays, ai: ai, runner: r, metrics: metrics, ts: 1_700_000_000_000, stop: stop,
+		stopRelays: stopRelays}
 	if files == 1 {
 		h.store, h.relay = set.File(0), relays[0]
 	}

@@ -345,11 +345,13 @@ func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
 // same conversations. Applied ones are dropped as duplicates.
 func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, first jetstream.Msg) error {
 	t0 := time.Now()
-	// Every request is bounded: one lost while the cluster elects a leader
-	// would otherwise hold the partition until the whole bound. A failure
-	// ends the term start; the partition's loop pulls again and the next
-	// input starts it anew.
-	ictx, icancel := context.WithTimeout(ctx, 5*time.Second)
+	// Every request is bounded, and the whole takeover too: one lost while
+	// the cluster elects a leader would otherwise hold the partition. A
+	// failure ends the term start; the partition's loop pulls again and the
+	// next input starts it anew.
+	ctx, cancel := context.WithTimeout(ctx, takeoverLimit)
+	defer cancel()
+	ictx, icancel := context.WithTimeout(ctx, takeoverStep)
 	info, err := cons.Info(ictx)
 	icancel()
 	if err != nil {
@@ -376,18 +378,26 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 	return nil
 }
 
+// takeoverLimit bounds a whole takeover: the term's start (the consumer's
+// state, catching up with the changelog, reading the unacked inputs again)
+// or an adoption. Past it the term start fails.
+const takeoverLimit = 10 * time.Second
+
+// takeoverStep bounds each request of a takeover.
+const takeoverStep = 2 * time.Second
+
 // takeOver catches the store up with the changelog and applies, in stream
 // order, partition p's inputs from floor+1 to delivered: those the
 // consumer delivered and nobody acked. It returns how many it read.
 func (r *Runner) takeOver(ctx context.Context, p int, floor, delivered uint64) (int, error) {
-	ictx, icancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, takeoverLimit)
+	defer cancel()
+	ictx, icancel := context.WithTimeout(ctx, takeoverStep)
 	st, err := r.JS.Stream(ictx, bus.StreamState)
 	icancel()
 	if err != nil {
 		return 0, fmt.Errorf("changelog info: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
 	// Catching up first saves preparing inputs on a stale view (the fence
 	// and the foreign mark would refuse them and they would be prepared
 	// again); it is not needed for correctness, so a follower that cannot
@@ -428,43 +438,89 @@ func (r *Runner) dispatch(p int, msg jetstream.Msg) {
 }
 
 // replay dispatches partition p's inputs with stream sequences from..to,
-// read through an ordered consumer (one request streams them all).
+// in stream order, each once (readRange), until ctx ends.
 func (r *Runner) replay(ctx context.Context, p int, from, to uint64) (int, error) {
-	oc, err := r.JS.OrderedConsumer(ctx, bus.StreamIn, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{bus.PartitionFilter(p, r.partitions)},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    from,
+	return readRange(ctx, r.JS, bus.PartitionFilter(p, r.partitions), from, to, r.cfg.PullExpiry,
+		func(msg jetstream.Msg) { r.dispatch(p, replayed{msg}) },
+		func(next uint64, err error) {
+			r.Log.Warn("reading the unacked inputs failed; reading on", "partition", p, "from", next, "to", to, "err", err)
+		})
+}
+
+// readRange reads CTX_IN's messages on filter with stream sequences
+// from..to and hands each to each, in stream order, once. Each try reads
+// through a consumer of its own (one pull streams the messages), pulled
+// with expiry and a heartbeat every quarter of it (at least 500 ms) as the
+// partitions are: a try whose consumer's node is lost fails within two
+// missed heartbeats (the library's default heartbeat made that 10 s), and
+// one whose consumer cannot be created within takeoverStep fails too. The
+// next try reads on from the first message not handed on, until ctx ends;
+// failed (if not nil) is told of each failed try.
+func readRange(ctx context.Context, js jetstream.JetStream, filter string, from, to uint64, expiry time.Duration,
+	each func(jetstream.Msg), failed func(next uint64, err error)) (int, error) {
+	n := 0
+	for next := from; ; {
+		k, at, done, err := readRangeOnce(ctx, js, filter, next, to, expiry, each)
+		n, next = n+k, at
+		switch {
+		case done:
+			return n, nil
+		case ctx.Err() != nil:
+			return n, fmt.Errorf("read unacked inputs from %d: %w", next, err)
+		case failed != nil:
+			failed(next, err)
+		}
+		select {
+		case <-ctx.Done():
+			return n, fmt.Errorf("read unacked inputs from %d: %w", next, err)
+		case <-time.After(100 * time.Millisecond): // a try that failed at once is not repeated at once
+		}
+	}
+}
+
+// readRangeOnce is one try of readRange: it returns how many messages it
+// handed on, the sequence to read on from, and whether it reached to.
+func readRangeOnce(ctx context.Context, js jetstream.JetStream, filter string, from, to uint64, expiry time.Duration,
+	each func(jetstream.Msg)) (n int, next uint64, done bool, err error) {
+	next = from
+	cctx, cancel := context.WithTimeout(ctx, takeoverStep)
+	cons, err := js.CreateConsumer(cctx, bus.StreamIn, jetstream.ConsumerConfig{
+		FilterSubject: filter,
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:   from,
+		AckPolicy:     jetstream.AckNonePolicy,
+		MemoryStorage: true,
+		Replicas:      1,
 		// Gone from the server soon after the last read (the default
 		// keeps it 5 minutes).
 		InactiveThreshold: 5 * time.Second,
 	})
+	cancel()
 	if err != nil {
-		return 0, fmt.Errorf("read unacked inputs: %w", err)
+		return 0, next, false, fmt.Errorf("read unacked inputs: %w", err)
 	}
-	it, err := oc.Messages(jetstream.PullMaxMessages(256))
+	it, err := cons.Messages(jetstream.PullMaxMessages(256), jetstream.PullExpiry(expiry),
+		jetstream.PullHeartbeat(max(expiry/4, 500*time.Millisecond)), jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
-		return 0, fmt.Errorf("read unacked inputs: %w", err)
+		return 0, next, false, fmt.Errorf("read unacked inputs: %w", err)
 	}
 	defer it.Stop()
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	n := 0
 	for {
-		msg, err := it.Next()
+		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			return n, fmt.Errorf("read unacked inputs from %d: %w", from, err)
+			return n, next, false, fmt.Errorf("read unacked inputs: %w", err)
 		}
 		md, err := msg.Metadata()
 		if err != nil {
-			return n, fmt.Errorf("read unacked inputs: %w", err)
+			return n, next, false, fmt.Errorf("read unacked inputs: %w", err)
 		}
 		if md.Sequence.Stream > to {
-			return n, nil
+			return n, next, true, nil
 		}
-		r.dispatch(p, replayed{msg})
-		n++
+		each(msg)
+		n, next = n+1, md.Sequence.Stream+1
 		if md.Sequence.Stream == to || md.NumPending == 0 {
-			return n, nil
+			return n, next, true, nil
 		}
 	}
 }

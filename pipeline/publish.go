@@ -42,7 +42,7 @@ const DefaultScanLimit = 10000
 
 // JetStreamPublisher publishes outbox rows to the event stream with the event
 // id as Nats-Msg-Id, and reads the stream back for the relay. It implements
-// store.Publisher and store.PublishedLister.
+// store.Publisher, store.PublishedLister and store.PublishedScanner.
 type JetStreamPublisher struct {
 	JS jetstream.JetStream
 	// Stream is the event stream's name (default bus.StreamEvents). Publish
@@ -117,17 +117,48 @@ func (p JetStreamPublisher) PublishedAfter(ctx context.Context, seq uint64) ([]s
 	if last-start+1 > limit {
 		start = last - limit + 1
 	}
-	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{
-		Description:       "ctxpipe outbox relay: which events are already in the stream",
-		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:       start,
-		AckPolicy:         jetstream.AckNonePolicy,
-		HeadersOnly:       true,
-		MemoryStorage:     true,
-		InactiveThreshold: time.Minute, // the server's cleanup if the delete below is lost
-	})
+	out, err := readIDs(ctx, st, jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start}, last)
 	if err != nil {
-		return nil, 0, fmt.Errorf("stream %s: read consumer: %w", name, err)
+		return nil, 0, fmt.Errorf("stream %s: read after seq %d: %w", name, seq, err)
+	}
+	return out, last, ctx.Err()
+}
+
+// PublishedSince returns the Nats-Msg-Id and sequence of the event stream's
+// messages stored at or after t, up to the last sequence the stream had
+// when it began, however many: the relay asks for a few seconds' worth, to
+// find the events of other writers' records that their relays published.
+func (p JetStreamPublisher) PublishedSince(ctx context.Context, t time.Time) ([]store.PublishedMsg, error) {
+	name := p.stream()
+	st, err := p.JS.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", name, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", name, err)
+	}
+	if info.State.Msgs == 0 {
+		return nil, nil
+	}
+	out, err := readIDs(ctx, st, jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &t},
+		info.State.LastSeq)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: read since %s: %w", name, t.Format(time.RFC3339Nano), err)
+	}
+	return out, ctx.Err()
+}
+
+// readIDs reads the Nats-Msg-Id and sequence of st's messages from where cfg
+// starts up to sequence last, headers only, through an ephemeral consumer
+// that it deletes.
+func readIDs(ctx context.Context, st jetstream.Stream, cfg jetstream.ConsumerConfig, last uint64) ([]store.PublishedMsg, error) {
+	cfg.Description = "ctxpipe outbox relay: which events are already in the stream"
+	cfg.AckPolicy, cfg.HeadersOnly, cfg.MemoryStorage = jetstream.AckNonePolicy, true, true
+	cfg.InactiveThreshold = time.Minute // the server's cleanup if the delete below is lost
+	cons, err := st.CreateConsumer(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("read consumer: %w", err)
 	}
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -135,13 +166,17 @@ func (p JetStreamPublisher) PublishedAfter(ctx context.Context, seq uint64) ([]s
 		_ = st.DeleteConsumer(dctx, cons.CachedInfo().Name) // best effort: InactiveThreshold is the fallback
 	}()
 	var out []store.PublishedMsg
-	next := start // the lowest sequence not read yet
+	// Ask for no more than remain, or the fetch waits out its MaxWait for
+	// messages that will never come. What the consumer had pending when it
+	// was made is the messages up to last at least.
+	remain := cons.CachedInfo().NumPending
 	for {
-		// Ask for no more than remain, or the fetch waits out its MaxWait
-		// for messages that will never come.
-		batch, err := cons.Fetch(int(min(last-next+1, 512)), jetstream.FetchMaxWait(2*time.Second))
+		if remain == 0 {
+			return out, nil
+		}
+		batch, err := cons.Fetch(int(min(remain, 512)), jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
-			return nil, 0, fmt.Errorf("stream %s: read after seq %d: %w", name, seq, err)
+			return nil, err
 		}
 		n := 0
 		done := false
@@ -149,26 +184,26 @@ func (p JetStreamPublisher) PublishedAfter(ctx context.Context, seq uint64) ([]s
 			n++
 			md, err := m.Metadata()
 			if err != nil {
-				return nil, 0, fmt.Errorf("stream %s: read after seq %d: %w", name, seq, err)
+				return nil, err
 			}
 			s := md.Sequence.Stream
+			remain = md.NumPending
 			if s > last {
 				done = true
 				continue
 			}
-			next = s + 1
 			out = append(out, store.PublishedMsg{MsgID: m.Headers().Get(nats.MsgIdHdr), Seq: s})
 			if s == last {
 				done = true
 			}
 		}
 		if err := batch.Error(); err != nil {
-			return nil, 0, fmt.Errorf("stream %s: read after seq %d: %w", name, seq, err)
+			return nil, err
 		}
 		// No message in a whole wait: the rest was removed by the stream's
 		// limits while we read.
 		if done || n == 0 || ctx.Err() != nil {
-			return out, last, ctx.Err()
+			return out, nil
 		}
 	}
 }

@@ -242,6 +242,11 @@ type Group struct {
 	// already (a rebuild, or changelog records old enough that their
 	// events left long ago).
 	Published bool
+	// Held stores the group's events in the outbox held back: another
+	// instance wrote the record, and its relay publishes them. This
+	// instance's relay publishes only those CTX_EVENTS still lacks when
+	// the hold ends (RelayOptions.Hold). Published wins.
+	Held bool
 }
 
 // GroupError says which group made Begin fail; the transaction was rolled
@@ -313,7 +318,7 @@ func (s *Store) Begin(ctx context.Context, groups []Group) (*Tx, error) {
 	}
 	err := t.raw(func(*rawConn) error {
 		for g, grp := range groups {
-			t.c.group(g, grp.At, grp.Published)
+			t.c.group(g, grp.At, grp.Published, grp.Held)
 			t.results[g] = make([]Result, len(enc[g]))
 			for i := range enc[g] {
 				r, err := t.c.apply(ctx, &enc[g][i])
@@ -607,10 +612,11 @@ type committer struct {
 	raw   *rawConn // in a bulk load, instead of tx
 	start int64    // when the transaction began
 	now   int64    // the current group's commit time
-	// g is the current group, and published whether its outbox rows are
-	// stored as published.
+	// g is the current group, and published (held) whether its outbox
+	// rows are stored as published (held back).
 	g         int
 	published bool
+	held      bool
 	// lastPos caches each conversation's highest pos within the transaction,
 	// so an append costs no MAX() query after the first.
 	lastPos map[string]float64
@@ -646,8 +652,8 @@ func newCommitter(now int64) *committer {
 }
 
 // group starts group g, committed at at (0: the transaction's start).
-func (c *committer) group(g int, at int64, published bool) {
-	c.g, c.published, c.now = g, published, at
+func (c *committer) group(g int, at int64, published, held bool) {
+	c.g, c.published, c.held, c.now = g, published, held, at
 	if at == 0 {
 		c.now = c.start
 	}
@@ -891,7 +897,8 @@ const (
 	qDelete    = `DELETE FROM messages WHERE conversation_id = ? AND id = ?`
 	qPutState  = `INSERT INTO conversations (id, state, updated_at) VALUES (?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at`
 	qPutEvent  = `INSERT INTO events (id, conversation_id, type, ts, input_id, ref_id, body) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`
-	qPutOutbox = `INSERT INTO outbox (event_id, subject, data, published_at) VALUES (?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
+	qPutOutbox = `INSERT INTO outbox (event_id, subject, data, published_at, held_since, conv) VALUES (?, ?, ?, ?, ?, ?)
+		ON CONFLICT (event_id) DO NOTHING`
 
 	qPutPosition = `INSERT INTO changelog_positions (partition, seq) VALUES (?, ?)
 		ON CONFLICT (partition) DO UPDATE SET seq = MAX(seq, excluded.seq)`
@@ -1018,11 +1025,14 @@ func (c *committer) applyChanges(ctx context.Context, x *encoded) error {
 		} else if n == 0 {
 			continue // already stored, and so already in the outbox
 		}
-		var published any
-		if c.published {
+		var published, held any
+		switch {
+		case c.published:
 			published = c.now
+		case c.held:
+			held = c.now
 		}
-		if _, err := c.exec(ctx, qPutOutbox, h.ID, ev.subject, ev.body, published); err != nil {
+		if _, err := c.exec(ctx, qPutOutbox, h.ID, ev.subject, ev.body, published, held, h.ConversationID); err != nil {
 			return fmt.Errorf("outbox event %s: %w", h.ID, err)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,6 +57,12 @@ type RelayOptions struct {
 	// stream only while its first attempt is younger than half of it; the
 	// margin covers the time between the attempt and the stream storing it.
 	DuplicateWindow time.Duration
+	// Hold is how long at least a held row (Group.Held: another writer's
+	// event) waits for its writer's relay before this one publishes it
+	// (default 5s). Each relay adds a random part of it once, so that of
+	// several instances holding the same event the first to end its hold
+	// publishes it and the others find it in the stream.
+	Hold time.Duration
 }
 
 // Relay publishes the outbox in seq order and marks what it published. Run
@@ -77,6 +84,9 @@ type Relay struct {
 	// Used by Run's goroutine only.
 	reconciled bool                // the stream was read since Run started
 	attempts   map[int64]time.Time // outbox seq → first publish attempt, until marked
+	scanner    PublishedScanner    // nil: held rows are published when their hold ends
+	hold       time.Duration       // Hold and this relay's random part of it
+	scanned    time.Time           // when the stream was last read for held rows
 
 	kick chan struct{}
 	mu   sync.Mutex
@@ -106,11 +116,16 @@ func NewRelay(s *Store, pub Publisher, log *slog.Logger, opts RelayOptions) *Rel
 	if opts.DuplicateWindow <= 0 {
 		opts.DuplicateWindow = 2 * time.Minute
 	}
+	if opts.Hold <= 0 {
+		opts.Hold = 5 * time.Second
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	lister, _ := pub.(PublishedLister)
-	return &Relay{s: s, pub: pub, lister: lister, log: log.With("component", "outbox_relay"), opts: opts,
+	scanner, _ := pub.(PublishedScanner)
+	return &Relay{s: s, pub: pub, lister: lister, scanner: scanner, hold: opts.Hold + rand.N(opts.Hold),
+		log: log.With("component", "outbox_relay"), opts: opts,
 		attempts: map[int64]time.Time{}, kick: make(chan struct{}, 1), prog: make(chan struct{})}
 }
 
@@ -124,7 +139,7 @@ func (r *Relay) Notify() {
 	}
 }
 
-// Pending is the number of outbox rows not yet published.
+// Pending is the number of outbox rows not yet published, held rows aside.
 func (r *Relay) Pending(ctx context.Context) (int, error) { return r.s.Pending(ctx) }
 
 // Run publishes until ctx ends, then returns nil. It returns ErrClosed if the
@@ -141,6 +156,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			return ErrClosed
 		}
 		n, err := r.round(ctx)
+		var released int
+		var heldNext time.Time
+		if err == nil {
+			released, heldNext, err = r.releaseHeld(ctx)
+		}
 		r.progress()
 		if ctx.Err() != nil {
 			return nil
@@ -157,12 +177,15 @@ func (r *Relay) Run(ctx context.Context) error {
 			backoff = min(max(2*backoff, r.opts.MinBackoff), r.opts.MaxBackoff)
 			wait = backoff
 			r.log.Warn("outbox relay round failed", "err", err, "retry_in", wait)
-		case n >= r.opts.BatchSize:
+		case n >= r.opts.BatchSize || released > 0:
 			backoff = 0
-			continue // more rows may be waiting
+			continue // more rows may be waiting, or waited behind the released ones
 		default:
 			backoff = 0
 			wait = r.opts.PollInterval
+			if !heldNext.IsZero() {
+				wait = max(min(wait, time.Until(heldNext)), time.Millisecond)
+			}
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -194,8 +217,12 @@ type outboxRow struct {
 }
 
 func (r *Relay) pending(ctx context.Context) ([]outboxRow, error) {
-	rows, err := r.s.r.QueryContext(ctx, `SELECT seq, event_id, subject, data FROM outbox
-		WHERE published_at IS NULL ORDER BY seq LIMIT ?`, r.opts.BatchSize)
+	// Not the held rows, nor a row behind a held row of its conversation
+	// (held.go).
+	rows, err := r.s.r.QueryContext(ctx, `SELECT seq, event_id, subject, data FROM outbox o
+		WHERE published_at IS NULL AND held_since IS NULL AND NOT EXISTS (SELECT 1 FROM outbox h
+			WHERE h.published_at IS NULL AND h.held_since IS NOT NULL AND h.conv = o.conv AND h.seq < o.seq)
+		ORDER BY seq LIMIT ?`, r.opts.BatchSize)
 	if err != nil {
 		return nil, fmt.Errorf("read outbox: %w", err)
 	}
@@ -347,7 +374,8 @@ func (r *Relay) progressChan() <-chan struct{} {
 }
 
 // Flush returns once every outbox row committed before the call has been
-// published, or with ctx's error. It needs Run to be running.
+// published, or with ctx's error, held rows (another writer's events) aside.
+// It needs Run to be running.
 func (r *Relay) Flush(ctx context.Context) error {
 	var target int64
 	if err := r.s.r.QueryRowContext(ctx, "SELECT COALESCE(MAX(seq), 0) FROM outbox").Scan(&target); err != nil {
@@ -356,7 +384,7 @@ func (r *Relay) Flush(ctx context.Context) error {
 	for {
 		prog := r.progressChan() // taken before the check so no round is missed
 		var left int
-		if err := r.s.r.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL AND seq <= ?",
+		if err := r.s.r.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL AND held_since IS NULL AND seq <= ?",
 			target).Scan(&left); err != nil {
 			return fmt.Errorf("flush outbox: %w", err)
 		}
@@ -372,10 +400,11 @@ func (r *Relay) Flush(ctx context.Context) error {
 	}
 }
 
-// Pending is the number of outbox rows not yet published.
+// Pending is the number of outbox rows not yet published, held rows
+// (another writer's events) aside.
 func (s *Store) Pending(ctx context.Context) (int, error) {
 	var n int
-	if err := s.r.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL").Scan(&n); err != nil {
+	if err := s.r.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL AND held_since IS NULL").Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox pending: %w", err)
 	}
 	return n, nil

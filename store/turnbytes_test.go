@@ -84,8 +84,13 @@ func TestMigrationStoresTurnBytesOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := old.w.ExecContext(ctx, `DELETE FROM schema_version WHERE version >= 11`); err != nil {
-		t.Fatal(err)
+	// Nor has any later one: migrate runs those above the highest version
+	// applied, so they are undone too (12 added the outbox's held columns).
+	for _, q := range []string{`DELETE FROM schema_version WHERE version >= 11`, `DROP INDEX outbox_held`,
+		`ALTER TABLE outbox DROP COLUMN conv`, `ALTER TABLE outbox DROP COLUMN held_since`} {
+		if _, err := old.w.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if report, err := Diff(ctx, now.Path(), old.Path()); err != nil || report.Identical() {
 		t.Fatalf("before the migration the files compare identical (%v): the test proves nothing", err)

@@ -1,0 +1,113 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/internal/natstest"
+)
+
+// errPlacement ends a read whose consumer shares its node with a leader.
+var errPlacement = errors.New("the consumer's node leads the meta group or the stream")
+
+// A takeover reads the inputs a dead owner held through a consumer of its
+// own. When the node serving that consumer dies mid-read, the read goes on
+// from the first input it has not handed on, within a couple of pull
+// heartbeats, in stream order, each input once. With the library's default
+// heartbeat it waited 10 s (two missed 5 s heartbeats) before going on, and
+// a handover took that long.
+func TestReadRangeGoesOnWhenItsNodeDies(t *testing.T) {
+	ctx := context.Background()
+	c := natstest.RunCluster(t)
+	js, err := jetstream.New(natstest.Connect(t, c.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const partitions, inputs = 4, 800
+	// As the service does: a cluster just formed may lose the first requests.
+	if err := bus.RetryStart(ctx, slog.New(slog.DiscardHandler), "ensure streams", func(ctx context.Context) error {
+		return bus.EnsureStreams(ctx, js, bus.WithReplicas(3), bus.WithPartitions(partitions))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Inputs without a tenant form the shared partition.
+	for i := range inputs {
+		if _, err := js.PublishAsync("ctx.in.c1.turn", []byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		t.Fatal("publishes not acknowledged")
+	}
+
+	// The node to kill serves the read's consumer and leads neither the
+	// meta group nor the stream: a new consumer needs both leaders, and an
+	// election takes 4-9 s whatever the reader does. The consumer's node is
+	// drawn by the server, so a read drawn onto a leader's node is ended
+	// and a new one started.
+	for attempt := 1; ; attempt++ {
+		if attempt > 20 {
+			t.Fatal("no read's consumer landed on a node that leads nothing")
+		}
+		var killed time.Time
+		var got []uint64
+		var refused error
+		each := func(msg jetstream.Msg) {
+			md, err := msg.Metadata()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, md.Sequence.Stream)
+			if !killed.IsZero() || refused != nil {
+				return
+			}
+			host := c.ConsumerLeader(bus.StreamIn, md.Consumer)
+			if host == "" || host == c.MetaLeader() || host == c.StreamLeader(bus.StreamIn) {
+				refused = errPlacement
+				return
+			}
+			c.KillByName(host)
+			killed = time.Now()
+		}
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		n, err := readRange(rctx, js, bus.PartitionFilter(partitions, partitions), 1, inputs, time.Second, each,
+			func(next uint64, err error) {
+				t.Logf("attempt %d: a try failed; reading on from %d: %v", attempt, next, err)
+			})
+		cancel()
+		if refused != nil {
+			continue
+		}
+		took := time.Since(killed)
+		if err != nil {
+			t.Fatalf("read %d inputs: %v", n, err)
+		}
+		if n != inputs || len(got) != inputs {
+			t.Fatalf("read %d inputs (%d handed on), want %d", n, len(got), inputs)
+		}
+		for i, seq := range got {
+			if seq != uint64(i+1) {
+				t.Fatalf("input %d has sequence %d: not each once in stream order", i, seq)
+			}
+		}
+		// Two missed heartbeats (500 ms each), then a new consumer, which
+		// the server may place on the dead node while it still counts it
+		// live (a creation that times out after takeoverStep, 2 s), with
+		// room for a slow machine. The library's default heartbeat took
+		// 10 s.
+		if took > 6*time.Second {
+			t.Fatalf("the read went on %v after its node was killed, want within 6s", took.Round(time.Millisecond))
+		}
+		t.Logf("the read ended %v after its node was killed (attempt %d)", took.Round(time.Millisecond), attempt)
+		return
+	}
+}
