@@ -5,12 +5,11 @@ import (
 	"fmt"
 	"path"
 	"sort"
-	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/ctxpipe/ctxpipe/prompts"
 	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/textfacts"
 )
 
 // OfflineModel is the Summary.Model of the offline condenser.
@@ -65,7 +64,7 @@ func (o *Offline) Summarize(ctx context.Context, req schema.SummaryRequest) (sch
 	}
 	f := extract(source(req))
 	body, tail := f.render()
-	text := clip(body, limit-len([]rune(tail))-2) + "\n\n" + tail
+	text := textfacts.Clip(body, limit-len([]rune(tail))-2) + "\n\n" + tail
 	// Outside the bound: the last error line and the files touched are
 	// what an agent most needs verbatim, and each is bounded on its own.
 	if errs := lastDistinct(f.lastErrors, lastErrorsShown); len(errs) > 0 {
@@ -76,13 +75,13 @@ func (o *Offline) Summarize(ctx context.Context, req schema.SummaryRequest) (sch
 		for _, e := range errs {
 			b.WriteString("\n- ")
 			if e.call != "" {
-				b.WriteString("`" + clip(e.call, 80) + "`: ")
+				b.WriteString("`" + textfacts.Clip(e.call, 80) + "`: ")
 			}
 			b.WriteString(e.line)
 		}
 		text = b.String()
 	}
-	return schema.Summary{Text: withFilesList(text, f.touched.out), Model: OfflineModel}, nil
+	return schema.Summary{Text: textfacts.WithFileList(text, f.touched.List()), Model: OfflineModel}, nil
 }
 
 // source is the request's span with tool blocks intact.
@@ -137,7 +136,7 @@ type facts struct {
 	lastErrors []callError
 	// touched is FilesTouched of the same messages, built in this pass so
 	// that each tool input is decoded and scanned once.
-	touched touchList
+	touched textfacts.Touched
 }
 
 // seen counts occurrences and remembers the first and last position, for
@@ -177,16 +176,16 @@ func extract(msgs []schema.Message) *facts {
 			for _, p := range filesFromSummary(f.earlier) {
 				f.note(f.files, p)
 			}
-			f.touched.carry(f.earlier)
+			f.touched.Carry(f.earlier)
 			continue
 		}
 		if m.IsTruncationMarker {
 			// FilesTouched reads a marker's list and its tool calls (it
 			// has none in practice); the facts leave the marker out.
-			f.touched.carry(userText(m.Content))
+			f.touched.Carry(userText(m.Content))
 			for _, b := range m.Content.BlocksOf() {
 				if b.Type == schema.BlockToolUse {
-					f.touched.call(b, readToolInput(b.Input))
+					f.touched.Call(b, textfacts.ReadToolInput(b.Input))
 				}
 			}
 			continue
@@ -194,9 +193,9 @@ func extract(msgs []schema.Message) *facts {
 		for _, b := range m.Content.BlocksOf() {
 			switch b.Type {
 			case schema.BlockToolUse:
-				in := readToolInput(b.Input)
+				in := textfacts.ReadToolInput(b.Input)
 				f.toolUse(b, in)
-				f.touched.call(b, in)
+				f.touched.Call(b, in)
 			case schema.BlockToolResult:
 				body := "" // rendered once for both readers
 				if b.Content != nil {
@@ -206,7 +205,7 @@ func extract(msgs []schema.Message) *facts {
 					f.toolError(b, body)
 				}
 				if b.Content != nil {
-					if l := LastErrorLine(body); l != "" {
+					if l := textfacts.LastErrorLine(body); l != "" {
 						f.lastErrors = append(f.lastErrors, callError{call: f.calls[b.ToolUseID], line: l})
 					}
 				}
@@ -214,7 +213,7 @@ func extract(msgs []schema.Message) *facts {
 				if m.Role == schema.RoleAssistant {
 					if n := excerpt(b.Text, maxNoteChars); n != "" {
 						f.notes = append(f.notes, n)
-						f.lastNote = head(b.Text, 4*budgetCurrent)
+						f.lastNote = textfacts.Head(b.Text, 4*budgetCurrent)
 					}
 				}
 			}
@@ -252,7 +251,7 @@ func filesFromSummary(s string) []string {
 	var out []string
 	for _, line := range strings.Split(rest, "\n") {
 		if p, ok := strings.CutPrefix(strings.TrimSpace(line), "- "); ok {
-			if p = strings.Trim(p, "`"); looksLikePath(p) {
+			if p = strings.Trim(p, "`"); textfacts.LooksLikePath(p) {
 				out = append(out, p)
 			}
 		}
@@ -260,54 +259,21 @@ func filesFromSummary(s string) []string {
 	return out
 }
 
-// Keys of tool inputs that name files directly.
-var pathKeys = []string{"path", "file_path", "filepath", "filename", "file_name", "file", "target_file",
-	"notebook_path", "paths", "files", "dir", "directory", "dir_path"}
-
-// Keys of tool inputs that hold a shell command.
-var commandKeys = []string{"command", "cmd", "script"}
-
-func (f *facts) toolUse(b schema.Block, in toolInput) {
+func (f *facts) toolUse(b schema.Block, in textfacts.ToolInput) {
 	f.toolCalls++
 	name := b.Name
 	if name == "" {
 		name = "tool"
 	}
 	f.tools[name]++
-	for _, p := range in.paths {
-		if p = explicitPath(p); p != "" {
+	for _, p := range in.Paths {
+		if p = textfacts.ExplicitPath(p); p != "" {
 			f.note(f.files, p)
 		}
 	}
-	line := ""
-	if len(in.commands) > 0 {
-		// The first command key that holds any command, its strings joined.
-		first := in.commands[0]
-		n := 1
-		for n < len(in.commands) && in.commands[n].key == first.key {
-			n++
-		}
-		cmd, paths := first.text, first.paths
-		if n > 1 {
-			texts := make([]string, n)
-			for i, c := range in.commands[:n] {
-				texts[i] = c.text
-			}
-			cmd = strings.Join(texts, " ")
-			paths = pathsInCommand(cmd)
-		}
-		for _, p := range paths {
-			f.note(f.files, p)
-		}
-		line = commandLine(cmd)
-	}
-	if line == "" {
-		raw := collapseSpace(string(b.Input))
-		if raw == "" || raw == "{}" || raw == "null" {
-			line = name
-		} else {
-			line = clip(name+" "+raw, maxCommandChars)
-		}
+	line, paths := textfacts.CallLine(b, in)
+	for _, p := range paths {
+		f.note(f.files, p)
 	}
 	f.note(f.commands, line)
 	f.lastCommand = line
@@ -316,375 +282,28 @@ func (f *facts) toolUse(b schema.Block, in toolInput) {
 	}
 }
 
-// findReturnCode finds the leftmost <returncode>\s*(-?\d+)\s*</returncode>
-// in s: the code, the whole element, and whether there is one. It is
-// written out because it runs on every failed tool result.
-func findReturnCode(s string) (code, elem string, ok bool) {
-	const open, closing = "<returncode>", "</returncode>"
-	for from := 0; ; {
-		i := strings.Index(s[from:], open)
-		if i < 0 {
-			return "", "", false
-		}
-		i += from
-		from = i + 1
-		j := skipSpace(s, i+len(open))
-		start := j
-		if j < len(s) && s[j] == '-' {
-			j++
-		}
-		d := j
-		for j < len(s) && s[j] >= '0' && s[j] <= '9' {
-			j++
-		}
-		if j == d {
-			continue
-		}
-		end := skipSpace(s, j)
-		if strings.HasPrefix(s[end:], closing) {
-			return s[start:j], s[i : end+len(closing)], true
-		}
-	}
-}
-
 // toolError records a failed tool result; body is its rendered content.
 func (f *facts) toolError(b schema.Block, body string) {
 	f.failed++
-	if strings.HasPrefix(body, MaskedPrefix) {
-		// A masked stand-in: its kept error line, if any, is the failure.
-		first := "(output masked)"
-		if l := LastErrorLine(body); l != "" {
-			first = l
-		}
-		f.errors = append(f.errors, clip(f.who(b.ToolUseID)+": "+first, maxErrorChars))
-		return
-	}
-	prefix := ""
-	if code, elem, ok := findReturnCode(head(body, 256)); ok {
-		prefix = "exit " + code + ": "
-		body = strings.Replace(body, elem, "", 1)
-	}
-	first := "(no output)"
-	if lines := meaningfulLines(head(body, 8<<10)); len(lines) > 0 {
-		first = lines[0]
-		// A Python traceback's first line says nothing; its last names the exception.
-		if strings.HasPrefix(first, "Traceback (most recent call last)") {
-			if end := meaningfulLines(tail(body, 8<<10)); len(end) > 0 {
-				first = end[len(end)-1]
-			}
-		}
-	}
-	f.errors = append(f.errors, clip(f.who(b.ToolUseID)+": "+prefix+first, maxErrorChars))
+	f.errors = append(f.errors, textfacts.Clip(f.who(b.ToolUseID)+": "+textfacts.FailureLine(body), maxErrorChars))
 }
 
 // who names a call in the errors list: its id and its command.
 func (f *facts) who(id string) string {
 	if cmd := f.calls[id]; cmd != "" {
-		return id + " (`" + clip(cmd, 50) + "`)"
+		return id + " (`" + textfacts.Clip(cmd, 50) + "`)"
 	}
 	return id
 }
 
-// meaningfulLines are the non-blank lines of s with XML-ish tags removed.
-func meaningfulLines(s string) []string {
-	var out []string
-	for line := range strings.SplitSeq(s, "\n") {
-		if l := strings.TrimSpace(stripTags(line)); l != "" {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-// maxTagRunes bounds what stripTags takes for a tag: <name attr="…">, not
-// a comparison such as a < b > c across a line.
-const maxTagRunes = 40
-
-// stripTags removes what the regexp <[^<>\n]{1,40}> matches: a < and a >
-// with 1 to 40 runes between them, none of them <, > or a newline. It
-// allocates only when it removes something; most lines hold no tag.
-func stripTags(line string) string {
-	i := strings.IndexByte(line, '<')
-	if i < 0 {
-		return line
-	}
-	var b strings.Builder
-	kept := 0 // line[kept:i] is not yet copied
-	for i >= 0 {
-		j, runes := i+1, 0
-		for j < len(line) && line[j] != '<' && line[j] != '>' && line[j] != '\n' && runes <= maxTagRunes {
-			_, size := utf8.DecodeRuneInString(line[j:]) // an invalid byte counts as one rune, as in regexp
-			j += size
-			runes++
-		}
-		next := i + 1
-		if j < len(line) && line[j] == '>' && runes >= 1 && runes <= maxTagRunes {
-			b.WriteString(line[kept:i])
-			kept, next = j+1, j+1
-		}
-		if k := strings.IndexByte(line[next:], '<'); k >= 0 {
-			i = next + k
-		} else {
-			i = -1
-		}
-	}
-	if kept == 0 {
-		return line
-	}
-	b.WriteString(line[kept:])
-	return b.String()
-}
-
-// tail is at most the last n bytes of s, cut at a rune boundary.
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	i := len(s) - n
-	for i < len(s) && !utf8.RuneStart(s[i]) {
-		i++
-	}
-	return s[i:]
-}
-
-// stringsOf returns v as a list of strings: a string, or the strings in an array.
-func stringsOf(v any) []string {
-	switch t := v.(type) {
-	case string:
-		if strings.TrimSpace(t) != "" {
-			return []string{t}
-		}
-	case []any:
-		var out []string
-		for _, e := range t {
-			if s, ok := e.(string); ok && strings.TrimSpace(s) != "" {
-				out = append(out, s)
-			}
-		}
-		return out
-	}
-	return nil
-}
-
-// commandLine is a command's first line, marked when more lines follow.
-func commandLine(cmd string) string {
-	cmd = strings.TrimSpace(cmd)
-	first, rest, more := strings.Cut(cmd, "\n")
-	first = collapseSpace(first)
-	if more && strings.TrimSpace(rest) != "" {
-		first += " …"
-	}
-	return clip(first, maxCommandChars)
-}
-
-// splitsWords marks the bytes that separate shell words: white space,
-// quotes and operators, which is crude but enough to find path-like words.
-// They are the class [\s;|&<>()'"`=,{}\[\]$] of the regexp this replaced.
-var splitsWords = byteSet(" \t\n\f\r;|&<>()'\"`=,{}[]$")
-
-// pathsInCommand finds the words of a shell command that look like file
-// paths, on its command lines (commandLines: here-document bodies are file
-// contents, not paths). It scans bytes by hand: it runs on every command of
-// every condensed span.
-func pathsInCommand(cmd string) []string {
-	var out []string
-	for lines := (commandLines{rest: cmd}); ; {
-		line, ok := lines.next()
-		if !ok {
-			break
-		}
-		for i := 0; i < len(line); {
-			if splitsWords[line[i]] {
-				i++
-				continue
-			}
-			j := i + 1
-			for j < len(line) && !splitsWords[line[j]] {
-				j++
-			}
-			if p := cleanPath(line[i:j]); p != "" {
-				out = append(out, p)
-			}
-			i = j
-		}
-	}
-	return out
-}
-
-// cleanPath normalizes a candidate path, returning "" when it is not one.
-// A pytest node id (tests/test_a.py::TestX::test_y) names its file.
-func cleanPath(w string) string {
-	if i := strings.Index(w, "::"); i > 0 {
-		w = w[:i]
-	}
-	w = strings.TrimSpace(w)
-	w = strings.TrimRight(w, ".:")
-	w = trimLineSuffix(w)
-	w = strings.TrimPrefix(w, "./")
-	if !looksLikePath(w) {
-		return ""
-	}
-	return w
-}
-
-// trimLineSuffix removes a trailing :line[:col…][:] as in a.go:12:3:, the
-// regexp (:\d+)+:?$ written out.
-func trimLineSuffix(w string) string {
-	t := strings.TrimSuffix(w, ":")
-	cut := -1
-	for end := len(t); ; {
-		k := end
-		for k > 0 && t[k-1] >= '0' && t[k-1] <= '9' {
-			k--
-		}
-		if k == end || k == 0 || t[k-1] != ':' {
-			break
-		}
-		end = k - 1
-		cut = end
-	}
-	if cut < 0 {
-		return w
-	}
-	return w[:cut]
-}
-
-// explicitPath accepts the value of a key that names a file or directory,
-// which needs no extension or slash to count as one.
-func explicitPath(p string) string {
-	p = strings.TrimPrefix(strings.TrimSpace(p), "./")
-	if p == "" || p == "." || len(p) > 200 || strings.HasPrefix(p, "-") || !onlyPathChars(p) {
-		return ""
-	}
-	return p
-}
-
-// pathChars marks the bytes a path may hold: [A-Za-z0-9_./~+@-].
-var pathChars = byteSet("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./~+@-")
-
-// onlyPathChars reports whether w is one or more path bytes.
-func onlyPathChars(w string) bool {
-	for i := 0; i < len(w); i++ {
-		if !pathChars[w[i]] {
-			return false
-		}
-	}
-	return w != ""
-}
-
-// isSedScript reports whether w is a sed expression such as s/old/new/g or
-// y/abc/xyz/: the regexp ^[sy]/[^/]*/[^/]*/[a-zA-Z0-9]*$ written out.
-func isSedScript(w string) bool {
-	if len(w) < 2 || w[0] != 's' && w[0] != 'y' || w[1] != '/' {
-		return false
-	}
-	rest := w[2:]
-	for range 2 {
-		i := strings.IndexByte(rest, '/')
-		if i < 0 {
-			return false
-		}
-		rest = rest[i+1:]
-	}
-	for i := 0; i < len(rest); i++ {
-		if c := rest[i]; !isLetter(rune(c)) && (c < '0' || c > '9') {
-			return false
-		}
-	}
-	return true
-}
-
-// Extensions that make a bare name (no slash) count as a file.
-var fileExts = map[string]bool{
-	"py": true, "pyi": true, "go": true, "js": true, "mjs": true, "ts": true, "tsx": true, "jsx": true,
-	"rs": true, "c": true, "h": true, "cc": true, "cpp": true, "hpp": true, "java": true, "kt": true,
-	"rb": true, "php": true, "cs": true, "swift": true, "scala": true, "sh": true, "bash": true,
-	"md": true, "rst": true, "txt": true, "json": true, "jsonl": true, "yaml": true, "yml": true,
-	"toml": true, "cfg": true, "ini": true, "conf": true, "sql": true, "html": true, "css": true,
-	"xml": true, "lock": true, "mod": true, "sum": true, "proto": true, "patch": true, "diff": true,
-	"log": true, "csv": true, "ipynb": true, "vue": true, "svelte": true,
-}
-
-// looksLikePath accepts words such as src/x.py, /testbed/pkg/, ./a/b and
-// setup.cfg, and rejects flags, URLs, numbers, device files and dotted
-// identifiers such as os.path.
-func looksLikePath(w string) bool {
-	if len(w) < 2 || len(w) > 200 || strings.HasPrefix(w, "-") || strings.Contains(w, "://") ||
-		!onlyPathChars(w) {
-		return false
-	}
-	for _, skip := range []string{"/dev/", "/proc/", "/sys/"} {
-		if strings.HasPrefix(w, skip) || w == skip[:len(skip)-1] {
-			return false
-		}
-	}
-	if w == ".." || w == "~" || strings.Trim(w, "./") == "" {
-		return false
-	}
-	if isSedScript(w) {
-		return false // s/old/new/g is a sed expression, not a directory
-	}
-	if ext := strings.TrimPrefix(path.Ext(w), "."); fileExts[ext] {
-		base := strings.TrimSuffix(path.Base(w), "."+ext)
-		return base != "" && !isNumber(base)
-	}
-	if !strings.Contains(w, "/") {
-		return false
-	}
-	if strings.HasPrefix(w, "/") || strings.HasPrefix(w, "~/") || strings.HasPrefix(w, "../") {
-		return strings.IndexFunc(w, isLetter) >= 0
-	}
-	// A relative path with no known extension: every segment must start like
-	// a name, so arithmetic such as x/2 is not taken for a path.
-	for _, seg := range strings.Split(strings.TrimSuffix(w, "/"), "/") {
-		if seg == "" || !(isLetter(rune(seg[0])) || seg[0] == '_' || seg[0] == '.') {
-			return false
-		}
-	}
-	return true
-}
-
-func isLetter(r rune) bool { return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' }
-
-// isNumber reports whether strconv.ParseFloat accepts s. A float starts,
-// after its sign, with a digit, a dot, or the i or n of inf and nan; any
-// other start is answered at once, which spares ParseFloat the error it
-// would allocate for each ordinary file name.
-func isNumber(s string) bool {
-	t := s
-	if t != "" && (t[0] == '+' || t[0] == '-') {
-		t = t[1:]
-	}
-	if t == "" {
-		return false
-	}
-	switch t[0] {
-	case '0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '.', 'i', 'I', 'n', 'N':
-		_, err := strconv.ParseFloat(s, 64)
-		return err == nil
-	}
-	return false
-}
-
 // excerpt is a note's first sentence or line, whitespace collapsed.
 func excerpt(s string, n int) string {
-	s = head(s, 8*n) // no need to scan a long message past its start
-	s = collapseSpace(s)
+	s = textfacts.Head(s, 8*n) // no need to scan a long message past its start
+	s = textfacts.CollapseSpace(s)
 	if i := sentenceEnd(s); i > 0 {
 		s = s[:i]
 	}
-	return clip(s, n)
-}
-
-// head is at most the first n bytes of s, cut at a rune boundary.
-func head(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
+	return textfacts.Clip(s, n)
 }
 
 func sentenceEnd(s string) int {
@@ -722,7 +341,7 @@ func (f *facts) render() (body, tail string) {
 	}
 	if f.lastNote != "" {
 		b.WriteString("Latest assistant note:\n")
-		b.WriteString(quote(collapseSpace(f.lastNote), budgetCurrent))
+		b.WriteString(quote(textfacts.CollapseSpace(f.lastNote), budgetCurrent))
 	}
 	if f.lastCommand != "" {
 		fmt.Fprintf(&b, "Last command: `%s`\n", f.lastCommand)
@@ -735,7 +354,7 @@ func (f *facts) render() (body, tail string) {
 	}
 	exts := map[string]int{}
 	for p := range f.files {
-		if e := path.Ext(p); e != "" && fileExts[e[1:]] {
+		if e := path.Ext(p); e != "" && textfacts.KnownExt(e[1:]) {
 			exts[e]++
 		}
 	}
@@ -784,7 +403,7 @@ func (f *facts) render() (body, tail string) {
 
 // quote writes s as a Markdown quote of at most n characters.
 func quote(s string, n int) string {
-	s = clip(strings.TrimSpace(s), n)
+	s = textfacts.Clip(strings.TrimSpace(s), n)
 	var b strings.Builder
 	for _, line := range strings.Split(s, "\n") {
 		b.WriteString("> ")

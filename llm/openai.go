@@ -13,11 +13,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/textfacts"
 )
 
 // Summarizer is what the engine calls to condense a conversation. It has
@@ -76,7 +76,7 @@ func (o *OpenAI) Summarize(ctx context.Context, req schema.SummaryRequest) (sche
 		sum, err := o.attempt(ctx, client, ep, chat, req.Profile.Prices)
 		if err == nil {
 			// The model's summary may drop paths; the list may not.
-			sum.Text = WithFilesTouched(sum.Text, source(req))
+			sum.Text = textfacts.WithFilesTouched(sum.Text, source(req))
 			return sum, nil
 		}
 		if ctx.Err() != nil {
@@ -150,7 +150,7 @@ func classify(err error, h http.Header) error {
 	if errors.As(err, &reqErr) {
 		msg := http.StatusText(reqErr.HTTPStatusCode)
 		if body := strings.TrimSpace(string(reqErr.Body)); body != "" {
-			msg = clip(body, 200)
+			msg = textfacts.Clip(body, 200)
 		}
 		return &APIError{StatusCode: reqErr.HTTPStatusCode, Message: msg, RetryAfter: retryAfter(h), Err: err}
 	}
@@ -221,25 +221,4 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// clip shortens s to at most n runes, marking a cut with "…".
-func clip(s string, n int) string {
-	if n <= 0 {
-		return ""
-	}
-	if len(s) <= n { // at most n bytes, so at most n runes
-		return s
-	}
-	count := 0
-	for i := range s {
-		if count == n-1 {
-			if utf8.RuneCountInString(s[i:]) <= 1 {
-				return s
-			}
-			return s[:i] + "…"
-		}
-		count++
-	}
-	return s
 }
