@@ -16,6 +16,7 @@ import (
 
 	openai "github.com/sashabaranov/go-openai"
 
+	"github.com/ctxpipe/ctxpipe/prompts"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/textfacts"
 )
@@ -221,4 +222,28 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// chatMessages builds the request: the condensing prompt as the system
+// message (with a manual request's instructions appended), then each
+// message under its own role. Messages that render to nothing (an assistant
+// turn holding only reasoning) are skipped, since several OpenAI-compatible
+// servers reject empty content.
+func chatMessages(req schema.SummaryRequest) []openai.ChatCompletionMessage {
+	out := make([]openai.ChatCompletionMessage, 0, len(req.Messages)+1)
+	if p := strings.TrimSpace(prompts.WithInstructions(req.Prompt, req.Instructions)); p != "" {
+		out = append(out, openai.ChatCompletionMessage{Role: openai.ChatMessageRoleSystem, Content: p})
+	}
+	for _, m := range req.Messages {
+		text := RenderContent(m.Content)
+		if strings.TrimSpace(text) == "" {
+			continue
+		}
+		role := openai.ChatMessageRoleUser
+		if m.Role == schema.RoleAssistant {
+			role = openai.ChatMessageRoleAssistant
+		}
+		out = append(out, openai.ChatCompletionMessage{Role: role, Content: text})
+	}
+	return out
 }

@@ -63,24 +63,3 @@ func TestSummariesCarryFilesAndLastError(t *testing.T) {
 		})
 	}
 }
-
-// A manual condense's instructions reach the model in its system prompt.
-func TestInstructionsReachTheModel(t *testing.T) {
-	srv := openaitest.New(t)
-	o, _ := newTestOpenAI(Config{BaseURL: srv.URL(), Model: "m"})
-	for _, in := range []string{"", "keep the failing test names"} {
-		req := simpleRequest(schema.Profile{})
-		req.Instructions = in
-		if _, err := o.Summarize(context.Background(), req); err != nil {
-			t.Fatal(err)
-		}
-		reqs := srv.Requests()
-		sys := reqs[len(reqs)-1].Chat.Messages[0]
-		if sys.Role != "system" || !strings.HasPrefix(sys.Content, prompts.Detailed) {
-			t.Fatalf("system message %+v", sys)
-		}
-		if got := strings.Contains(sys.Content, prompts.RequestInstructions+"\n<instructions>\nkeep the failing test names\n</instructions>"); got != (in != "") {
-			t.Errorf("instructions %q in the system prompt: %v\n%s", in, got, sys.Content)
-		}
-	}
-}
