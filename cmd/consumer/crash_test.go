@@ -22,9 +22,9 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/condense"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
 	"github.com/ctxpipe/ctxpipe/internal/openaitest"
-	"github.com/ctxpipe/ctxpipe/llm"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/store"
 )
@@ -335,7 +335,7 @@ func (r *crashRig) slowSummarizer(d time.Duration) {
 		rep.Delay = d
 		return rep
 	})
-	r.env = []string{llm.EnvBaseURL + "=" + ai.URL(), llm.EnvModel + "=slow-test-model"}
+	r.env = []string{condense.EnvBaseURL + "=" + ai.URL(), condense.EnvModel + "=slow-test-model"}
 }
 
 // start runs the service binary and waits until it answers queries.

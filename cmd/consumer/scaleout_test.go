@@ -26,10 +26,10 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/condense"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
 	"github.com/ctxpipe/ctxpipe/internal/openaitest"
 	"github.com/ctxpipe/ctxpipe/internal/transcripts"
-	"github.com/ctxpipe/ctxpipe/llm"
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/store"
@@ -507,7 +507,7 @@ func testScaleOutFailover(t *testing.T, standby int) {
 		rep.Delay = 50 * time.Millisecond
 		return rep
 	})
-	r.env = []string{llm.EnvBaseURL + "=" + ai.URL(), llm.EnvModel + "=slow-test-model"}
+	r.env = []string{condense.EnvBaseURL + "=" + ai.URL(), condense.EnvModel + "=slow-test-model"}
 	profiles := filepath.Join(r.dir, "profiles.json")
 	if err := os.WriteFile(profiles, []byte(`[{"id":"crash","context_window":6000,"max_tokens":600,
 		"condense_threshold":50,"strategy":"keep_tail"}]`), 0o644); err != nil {

@@ -24,8 +24,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/condense"
 	"github.com/ctxpipe/ctxpipe/dashboard"
-	"github.com/ctxpipe/ctxpipe/llm"
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/stages"
@@ -279,8 +279,8 @@ func (m *Main) Run(ctx context.Context) error {
 	if _, err := tokens.O200K(); err != nil {
 		return err
 	}
-	llmCfg := llm.ConfigFromEnv()
-	engine := stages.NewEngine(llm.NewRouter(llmCfg, log))
+	llmCfg := condense.ConfigFromEnv()
+	engine := stages.NewEngine(condense.NewRouter(llmCfg, log))
 	engine.Globals, engine.Log = c.Globals, log
 	engine.Progress = pipeline.ProgressPublisher(js, log)
 	for _, st := range m.stores.Files() {

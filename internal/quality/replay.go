@@ -19,7 +19,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/ctxpipe/ctxpipe/llm"
+	"github.com/ctxpipe/ctxpipe/condense"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/stages"
 	"github.com/ctxpipe/ctxpipe/tokens"
@@ -169,12 +169,12 @@ func (m *meter) Summarize(ctx context.Context, req schema.SummaryRequest) (schem
 }
 
 // RequestTokens counts a summary request as the OpenAI summarizer sends it:
-// the prompt and every message rendered by llm.RenderContent (without the
+// the prompt and every message rendered by condense.RenderContent (without the
 // few tokens of per-message framing, which no condenser controls).
 func RequestTokens(tc tokens.TextCounter, req schema.SummaryRequest) int {
 	n := tc.Count(req.Prompt)
 	for i := range req.Messages {
-		n += tc.Count(llm.RenderContent(req.Messages[i].Content))
+		n += tc.Count(condense.RenderContent(req.Messages[i].Content))
 	}
 	return n
 }
