@@ -474,6 +474,9 @@ func TestEffectiveThreshold(t *testing.T) {
 			if got := p.EffectiveThreshold(80, nil); got != tt.want {
 				t.Errorf("with a nil logger = %d, want %d", got, tt.want)
 			}
+			if got, valid := p.Threshold(80); got != tt.want || valid == tt.warns {
+				t.Errorf("Threshold = %d, %v; want %d, %v", got, valid, tt.want, !tt.warns)
+			}
 		})
 	}
 }
