@@ -99,7 +99,7 @@ func TestSummarizeModelFallback(t *testing.T) {
 
 // A reply naming a model of megabytes (a broken or hostile endpoint) is
 // cut: the name goes into events, which must stay small enough to publish
-// and to read back (outside campaign C, F4).
+// and to read back.
 func TestSummarizeModelNameBounded(t *testing.T) {
 	srv := openaitest.New(t)
 	srv.Enqueue(openaitest.Reply{Text: "ok", Model: strings.Repeat("m", 1<<20)})

@@ -165,7 +165,7 @@ type Profile struct {
 	MinGainTokens *int `json:"min_gain_tokens,omitempty"`
 }
 
-// MaskSettings are a profile's observation masking (issue 13): when the
+// MaskSettings are a profile's observation masking: when the
 // threshold is crossed, the bodies of older tool results are replaced in the
 // effective history by a one-line stand-in, and a condense runs only if the
 // context is still over the threshold.

@@ -186,7 +186,7 @@ func TestEngineManualAndOverflow(t *testing.T) {
 	}
 	// Condensing is blocked now (the forced condense failed): further
 	// overflows truncate until nothing is left, and then say so rather
-	// than nothing at all (outside campaign).
+	// than nothing at all.
 	if !c.State.CondenseBlocked {
 		t.Fatal("the failed forced condense did not block")
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/ctxpipe/ctxpipe/textfacts"
 )
 
-// Observation masking (issue 13, after JetBrains' "The Complexity Trap" and
+// Observation masking (after JetBrains' "The Complexity Trap" and
 // Anthropic's context editing): the bodies of older tool results leave the
 // effective history, each replaced by one line that names the tool, its key
 // arguments and the size hidden. It costs no model call, keeps every call

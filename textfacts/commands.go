@@ -193,7 +193,7 @@ var endsTarget = byteSet(" \t\n\f\r'\";|&<>()")
 
 // editsInPlace reports whether cmd runs sed -i (or --in-place), which edits
 // the files it names: the pattern \bsed\s+(?:-[a-zA-Z]*i|--in-place),
-// scanned by hand because the regexp backtracked at every byte of long
+// scanned by hand because the regexp backtracks at every byte of long
 // heredoc commands.
 func editsInPlace(cmd string) bool {
 	for i := 0; ; {
@@ -279,7 +279,7 @@ func commandLine(cmd string) string {
 
 // splitsWords marks the bytes that separate shell words: white space,
 // quotes and operators, which is crude but enough to find path-like words.
-// They are the class [\s;|&<>()'"`=,{}\[\]$] of the regexp this replaced.
+// They are the regexp class [\s;|&<>()'"`=,{}\[\]$].
 var splitsWords = byteSet(" \t\n\f\r;|&<>()'\"`=,{}[]$")
 
 // pathsInCommand finds the words of a shell command that look like file

@@ -63,7 +63,7 @@ func mayReportError(line string) bool {
 // reportsError reports whether line names an error as the pattern
 // (?:Error|Exception|exceptions?)\b|\berror\b|\bERROR\b|Traceback|FAILED
 // matches it: a class name such as ValueError, or error as a word. It is
-// written out because the regexp was the main cost of LastErrorLine.
+// written out because it runs on every line LastErrorLine reads.
 func reportsError(line string) bool {
 	return strings.Contains(line, "Traceback") || strings.Contains(line, "FAILED") ||
 		hasWord(line, "Error", false) || hasWord(line, "Exception", false) ||

@@ -16,15 +16,15 @@ import (
 )
 
 // The file, command and error extraction runs on every condense and
-// truncation, so its hot regular expressions and its decoding of each tool
-// input into a map were replaced by hand-written scanners. Its output is
-// part of every summary, so the rewrite must not change one byte: this file
-// keeps the implementation it replaced as the reference (the ref… names),
-// and the tests below compare the two over every message of the shared
-// real runs, plus seeds and a fuzz target for the inputs the runs lack.
-// Where the rules changed since (here documents end at their closing line;
-// lists are never cut, read back from markers too, and group files), the
-// reference follows, still written with regular expressions.
+// truncation, so it scans by hand where regular expressions and a decode of
+// each tool input into a map would do. Its output is part of every summary,
+// so the scanners must not differ by one byte from those patterns: this
+// file keeps them as the reference (the ref… names), and the tests below
+// compare the two over every message of the shared real runs, plus seeds
+// and a fuzz target for the inputs the runs lack. The reference follows
+// every rule (here documents end at their closing line; lists are never
+// cut, are read back from markers too, and group files), still written
+// with regular expressions.
 
 var (
 	refRedirect     = regexp.MustCompile(`(?:>>?|\btee\s+(?:-a\s+)?)\s*['"]?([^\s'";|&<>()]+)`)

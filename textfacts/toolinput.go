@@ -78,8 +78,9 @@ type member struct {
 // \u escape. ok is false for anything else (arrays, numbers, nested
 // objects, \u, invalid JSON…), which the caller gives to encoding/json. On
 // what it takes, the two agree exactly (a test and a fuzz target hold them
-// equal). It exists because encoding/json's decode into a map of
-// interfaces cost more than all of the path extraction together.
+// equal). It spares the common input encoding/json's decode into a map of
+// interfaces, the costliest step of the extraction (operations.md,
+// section 7).
 func scanStringObject(raw []byte) (ms []member, ok bool) {
 	if !utf8.Valid(raw) {
 		return nil, false // encoding/json replaces invalid bytes: leave it to it

@@ -12,10 +12,10 @@ import (
 )
 
 // A turn naming a profile id of kilobytes is rejected unknown_profile, and
-// the service goes on serving every tenant. An outside campaign took it
-// down with one such turn: looking the id up in the profiles bucket made a
-// subject longer than the server's control line, the server closed the
-// service's connection, and each redelivery after a restart did it again.
+// the service goes on serving every tenant: looking such an id up in the
+// profiles bucket would make a subject longer than the server's control
+// line, the server would close the service's connection, and each
+// redelivery after a restart would do it again.
 func TestLongProfileIDIsRejected(t *testing.T) {
 	m := mustRunMain(t, t.TempDir())
 	c := connectAs(t, m.ns.ClientURL(), "acme-agent")

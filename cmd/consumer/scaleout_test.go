@@ -435,7 +435,7 @@ func scaleLoad(t *testing.T, n, perConv int) []schema.Turn {
 	return out
 }
 
-// TestScaleOutFailover is issue 10's failover test. It runs 3 consumer
+// TestScaleOutFailover is the failover test. It runs 3 consumer
 // instances (the real binary) on a 3-node cluster at R3 with CTX_IN in 8
 // partitions, feeds them 12 real transcripts of one tenant (condensing
 // through a summarizer that takes 50 ms), and while the load flows

@@ -424,8 +424,8 @@ func TestControlInputs(t *testing.T) {
 }
 
 // By default a control command waits for the input's outcome: a rejection
-// exits 1 with its reason (outside campaign: "published", exit 0, for a
-// rewind the service rejected unknown_target).
+// exits 1 with its reason (a rewind the service rejects unknown_target
+// does not say "published" and exit 0).
 func TestControlWaitsForTheOutcome(t *testing.T) {
 	e := newEnv(t)
 	sub, err := e.nc.QueueSubscribe(schema.SubjectHistory, bus.QueueGroup, func(m *nats.Msg) {

@@ -161,8 +161,8 @@ const (
 
 // source is where the load's turns come from. As fast as acks allow (rate
 // 0), turns are generated before the clock starts, as many as the bounds
-// above let: generating them took half the command's CPU, which on a
-// machine shared with the service is taken from what is measured.
+// above let: generating them costs CPU that, on a machine shared with the
+// service, would be taken from what is measured (operations.md, section 7).
 func (w *workload) source(stderr io.Writer, rate float64) source {
 	return w.sourceWithin(stderr, rate, pregenerateBytes)
 }

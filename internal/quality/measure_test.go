@@ -174,7 +174,7 @@ func TestBrokenToolPairs(t *testing.T) {
 	run := agentRun()
 	tagged := func(m schema.Message) schema.Message { m.CondenseParent = "s"; return m }
 	// orphan: u2 is stored untagged, but its call a2 is hidden, so the
-	// effective history dropped the result (issue 13, defect 6).
+	// effective history drops the result.
 	orphanFull := append([]schema.Message(nil), run...)
 	orphanFull[3] = tagged(orphanFull[3])
 	// a truncation that hid u1 and everything after u2, but not a1.

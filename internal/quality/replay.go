@@ -102,7 +102,7 @@ type Row struct {
 // Rows are the reductions the engine offers: the three condense strategies,
 // observation masking alone (auto-condense off: masking, then truncation
 // when the context is still over the allowed size), and masking first with
-// keep_tail when masking was not enough (issue 13).
+// keep_tail when masking was not enough.
 func Rows() []Row {
 	strategy := func(s schema.Strategy) func(*schema.Profile) {
 		return func(p *schema.Profile) { p.Strategy = s }

@@ -98,9 +98,9 @@ func TestReplayRealRuns(t *testing.T) {
 		}
 	}
 
-	// Issue 13: what must survive does in every row, no tool result goes
-	// missing, masking rows mask, and masking first halves what the
-	// summarizer reads.
+	// What must survive does in every row, no tool result goes missing,
+	// masking rows mask, and masking first halves what the summarizer
+	// reads.
 	stats := map[string]Stats{}
 	for ri, row := range rows {
 		stats[row.Name] = Summarize(row.Name, runs[ri])
