@@ -15,13 +15,6 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// ProgressPrefix starts the subjects on which the service announces a
-// condense the moment it starts, before it commits (pipeline.ProgressPrefix:
-// ctx.progress.<conv>.context_managing, core NATS, no stream). The client
-// does not import the service, so the prefix is repeated here; a test holds
-// the two equal.
-const ProgressPrefix = "ctx.progress."
-
 // RawEvent is an event of a type this client does not know (a newer service
 // may add types); Data is its JSON as sent.
 type RawEvent struct {
@@ -126,7 +119,7 @@ func (c *Client) Events(ctx context.Context, conv string, opts ...EventsOption) 
 	// tenant acme's events (and count them into its position).
 	subjects := []string{schema.EventSubjectPrefix + c.scoped(conv) + ".*"}
 	if cfg.progress {
-		subjects = append(subjects, ProgressPrefix+c.scoped(conv)+".*")
+		subjects = append(subjects, schema.ProgressSubjectPrefix+c.scoped(conv)+".*")
 	}
 	for i, subj := range subjects {
 		progress := i == 1

@@ -295,7 +295,7 @@ func (c *Client) history(ctx context.Context, req schema.HistoryRequest) (*schem
 	switch {
 	case err == nil:
 		return &rep, nil
-	case errors.As(err, &qe) && qe.Code == CodeInputRejected:
+	case errors.As(err, &qe) && qe.Code == schema.QueryInputRejected:
 		return nil, c.rejected(ctx, req.ConversationID, req.WaitFor, qe.Message)
 	case errors.As(err, &qe) && qe.Code == schema.QueryBadRequest && req.Cursor != "":
 		return nil, fmt.Errorf("%w: %w", ErrStaleCursor, err)

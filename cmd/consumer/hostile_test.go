@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -28,7 +27,7 @@ func TestLongProfileIDIsRejected(t *testing.T) {
 		ts++
 		c.publishTurn(bad)
 		_, err := c.history(conv, schema.ViewFull, bad.ID, 20*time.Second)
-		if qe, ok := err.(*schema.QueryErrorBody); !ok || qe.Code != pipeline.QueryInputRejected || !strings.Contains(qe.Message, string(schema.ReasonUnknownProfile)) {
+		if qe, ok := err.(*schema.QueryErrorBody); !ok || qe.Code != schema.QueryInputRejected || !strings.Contains(qe.Message, string(schema.ReasonUnknownProfile)) {
 			t.Fatalf("a %d-byte profile id: %v, want input_rejected (unknown_profile)", n, err)
 		}
 	}

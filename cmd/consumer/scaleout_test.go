@@ -30,7 +30,6 @@ import (
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
 	"github.com/ctxpipe/ctxpipe/internal/openaitest"
 	"github.com/ctxpipe/ctxpipe/internal/transcripts"
-	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/store"
 )
@@ -121,7 +120,7 @@ func awaitApplied(ctx context.Context, c *client, tn schema.Turn, limit time.Dur
 		switch {
 		case err == nil:
 			return nil
-		case isQueryCode(err, pipeline.QueryInputRejected):
+		case isQueryCode(err, schema.QueryInputRejected):
 			return fmt.Errorf("input %s of %s rejected: %w", tn.ID, tn.ConversationID, err)
 		case time.Now().After(until) || ctx.Err() != nil:
 			return fmt.Errorf("input %s of %s not applied after %v: %w", tn.ID, tn.ConversationID, limit, err)

@@ -19,7 +19,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
-	"github.com/ctxpipe/ctxpipe/client"
 	"github.com/ctxpipe/ctxpipe/client/clienttest"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -448,7 +447,7 @@ func TestControlWaitsForTheOutcome(t *testing.T) {
 			_ = m.Respond(schema.MarshalQueryError(schema.QueryBadRequest, "wait_for is no input sent"))
 			return
 		case string(schema.KindRewind):
-			_ = m.Respond(schema.MarshalQueryError(client.CodeInputRejected, "input "+req.WaitFor+" was rejected: unknown_target"))
+			_ = m.Respond(schema.MarshalQueryError(schema.QueryInputRejected, "input "+req.WaitFor+" was rejected: unknown_target"))
 			return
 		}
 		b, _ := schema.Marshal(schema.HistoryReply{ConversationID: req.ConversationID, View: schema.ViewEffective, Messages: make([]schema.Message, 1)})

@@ -271,13 +271,6 @@ func (c *Cluster) MetaLeader() string {
 	return c.find(func(s *server.Server) bool { return s.JetStreamIsLeader() })
 }
 
-// WaitMetaLeader waits until the JetStream meta group has a leader, and
-// returns its name.
-func (c *Cluster) WaitMetaLeader() string {
-	c.t.Helper()
-	return c.wait("meta leader", c.MetaLeader)
-}
-
 // StreamLeader returns the name of the node leading the stream (in the
 // default account), or "" when there is none. It asks the running servers
 // themselves, so it never answers with a node that is down, as a cached
