@@ -16,6 +16,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
 )
 
 // Names shared by the service, the clients and nats.conf.
@@ -454,7 +456,7 @@ func RetryStart(ctx context.Context, log *slog.Logger, what string, op func(cont
 	if log == nil {
 		log = slog.Default()
 	}
-	var b backoff
+	b := backoff.New(startRetry)
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
@@ -472,12 +474,10 @@ func RetryStart(ctx context.Context, log *slog.Logger, what string, op func(cont
 		if !Transient(err) {
 			return err
 		}
-		wait := b.next()
+		wait := b.Next()
 		log.Warn(fmt.Sprintf("%s failed, retrying in %v", what, wait.Round(time.Millisecond)), "attempt", attempt, "err", err)
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s: gave up after %d attempts: %w (last error: %v)", what, attempt, ctx.Err(), err)
-		case <-time.After(wait):
+		if serr := backoff.Sleep(ctx, wait); serr != nil {
+			return fmt.Errorf("%s: gave up after %d attempts: %w (last error: %v)", what, attempt, serr, err)
 		}
 	}
 }

@@ -8,10 +8,10 @@ import (
 	"iter"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -287,20 +287,15 @@ func (f *follower) run(ctx context.Context, status chan nats.Status) error {
 // is a busy service: ctx.q.events holds no wait, so its timeout answer means
 // too many queries in flight ("retry").
 func (f *follower) catchUp(ctx context.Context) error {
-	pause := retryFirst
+	pauses := backoff.New(retryPause)
 	for {
 		err := f.catchUpOnce(ctx)
 		if err == nil || ctx.Err() != nil || !(retryable(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrTimeout)) {
 			return err
 		}
-		timer := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		if backoff.Sleep(ctx, pauses.Next()) != nil {
 			return context.Cause(ctx)
-		case <-timer.C:
 		}
-		pause = min(2*pause, retryMax)
 	}
 }
 

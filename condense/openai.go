@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 
 	openai "github.com/sashabaranov/go-openai"
 
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
 	"github.com/ctxpipe/ctxpipe/prompts"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/textfacts"
@@ -50,7 +50,7 @@ func NewOpenAI(cfg Config, log *slog.Logger) *OpenAI {
 	if hc == nil {
 		hc = &http.Client{}
 	}
-	return &OpenAI{cfg: cfg, log: log, http: hc, sleep: sleepCtx, now: time.Now}
+	return &OpenAI{cfg: cfg, log: log, http: hc, sleep: backoff.Sleep, now: time.Now}
 }
 
 // Summarize sends req to the profile's endpoint (see Config.Endpoint) and
@@ -201,27 +201,7 @@ func (o *OpenAI) backoff(attempt int, err error) time.Duration {
 	if errors.As(err, &apiErr) && apiErr.RetryAfter > 0 {
 		return apiErr.RetryAfter
 	}
-	d := o.cfg.baseBackoff()
-	for i := 1; i < attempt && d < o.cfg.maxBackoff(); i++ {
-		d *= 2
-	}
-	d = min(d, o.cfg.maxBackoff())
-	half := d / 2
-	return half + rand.N(d-half+1)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return backoff.Policy{First: o.cfg.baseBackoff(), Max: o.cfg.maxBackoff(), Jitter: true}.Wait(attempt)
 }
 
 // chatMessages builds the request: the condensing prompt as the system
