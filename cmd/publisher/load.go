@@ -31,12 +31,8 @@ func runLoad(ctx context.Context, c *cli, args []string) error {
 	sample := fs.Int("sample", 0, "with --wait, also time publish → readable for every Nth turn (0: only each conversation's last)")
 	agent := fs.Bool("agent", false, "the agent workload: each conversation publishes a turn, reads its effective history holding it, then publishes the next; times publish → readable for every turn")
 	fullReads := fs.Bool("full-reads", false, "with --agent, read the whole effective history every time instead of only what was appended since the last read")
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected arguments %q", pos)
 	}
 	if *convs < 1 || *turns < 1 {
 		return usagef("--convs and --turns must be at least 1")

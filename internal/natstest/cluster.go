@@ -206,10 +206,7 @@ func (c *Cluster) Kill(i int) {
 // index.
 func (c *Cluster) KillByName(name string) int {
 	c.t.Helper()
-	i := c.Index(name)
-	if i < 0 {
-		c.t.Fatalf("natstest: no node named %q", name)
-	}
+	i := c.mustIndex(name)
 	c.Kill(i)
 	return i
 }
@@ -218,11 +215,18 @@ func (c *Cluster) KillByName(name string) int {
 // consumer leader is reported) and returns its index.
 func (c *Cluster) ShutdownByName(name string) int {
 	c.t.Helper()
+	i := c.mustIndex(name)
+	c.Shutdown(i)
+	return i
+}
+
+// mustIndex is Index, failing the test when no node has the name.
+func (c *Cluster) mustIndex(name string) int {
+	c.t.Helper()
 	i := c.Index(name)
 	if i < 0 {
 		c.t.Fatalf("natstest: no node named %q", name)
 	}
-	c.Shutdown(i)
 	return i
 }
 
