@@ -26,7 +26,7 @@ test:
 	$(GO) test -race -count=1 -timeout 14m $(PKGS)
 	$(GO) test -count=1 -run 'Allocate' ./tokens/o200k/
 
-## test-scaleout: issue 10's failover test (3 nodes, 3 instances, kills; also in `make test`),
+## test-scaleout: the failover test (3 nodes, 3 instances, kills; also in `make test`),
 ## five times over, its figures printed; SCALEOUT_KEEP_DIR=dir keeps a failed run's logs and files
 test-scaleout:
 	$(GO) test -race -count=5 -timeout 14m -run TestScaleOutFailover -v ./cmd/consumer/
@@ -43,11 +43,11 @@ lint:
 	$(GO) vet $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@latest $(PKGS)
 
-## bench: counting, decision and commit benchmarks, then issue 9's figures, each beside its
+## bench: counting, decision and commit benchmarks, then the service's figures, each beside its
 ## anchor from the same run (figures, not pass/fail; the machine is shared, so read the ratios):
 ##   pipeline/raw (goal ≥ 0.20), stalled/unstalled p99 (≤ 2), 10k/10 per turn (≤ 1.2),
 ##   the service process's peak RSS beside --max-held-bytes and its memory limit, decode and
-##   marshal beside encoding/json, the changelog replay rate (issue 10: ≥ 50,000 changes/s),
+##   marshal beside encoding/json, the changelog replay rate (goal ≥ 50,000 changes/s),
 ##   and the service binary driven over TCP by the publisher: end-to-end turns/s beside the
 ##   publish rate (goal 20k), the agent workload beside full reads (goal 1,000/s, p99 < 10 ms),
 ##   the CPU per applied turn of 3 instances beside 1 (goals ≤ 1.5 with --standby 1, ≤ 1.2 with 0),

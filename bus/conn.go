@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +14,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
 )
 
 // ConnConfig says where the NATS server is and who we are. At most one way
@@ -246,26 +247,10 @@ func (c ConnConfig) url() string {
 	return c.URL
 }
 
-// Backoff of ConnectRetry and RetryStart: the first wait, and the most it
-// grows to.
-var (
-	retryFirst = 250 * time.Millisecond
-	retryMax   = 10 * time.Second
-)
-
-// backoff doubles its step from retryFirst up to retryMax. Each wait is
-// drawn between half and all of the step, so that instances started
-// together do not retry in step.
-type backoff struct{ step time.Duration }
-
-func (b *backoff) next() time.Duration {
-	if b.step == 0 {
-		b.step = retryFirst
-	}
-	wait := b.step/2 + rand.N(b.step/2+1)
-	b.step = min(2*b.step, retryMax)
-	return wait
-}
+// startRetry is the backoff of ConnectRetry and RetryStart: from 250 ms
+// doubling to 10 s, each wait drawn between half and all of its step, so
+// that instances started together do not retry in step.
+var startRetry = backoff.Policy{First: 250 * time.Millisecond, Max: 10 * time.Second, Jitter: true}
 
 // ConnectRetry connects like Connect, but when no server is reachable it
 // logs that and tries again, with exponential backoff (capped, jittered),
@@ -291,7 +276,7 @@ func ConnectRetry(ctx context.Context, cfg ConnConfig, extra ...nats.Option) (*n
 	}
 	url := redact(cfg.url())
 	start := time.Now()
-	var b backoff
+	b := backoff.New(startRetry)
 	for attempt := 1; ; attempt++ {
 		nc, err := connectCtx(ctx, cfg.url(), opts)
 		if err == nil {
@@ -308,13 +293,11 @@ func ConnectRetry(ctx context.Context, cfg ConnConfig, extra ...nats.Option) (*n
 		if !retryable(err) {
 			return nil, fmt.Errorf("connect to nats %s: %w", url, err)
 		}
-		wait := b.next()
+		wait := b.Next()
 		log.Warn(fmt.Sprintf("nats not reachable, retrying in %v", wait.Round(time.Millisecond)),
 			"name", name, "url", url, "attempt", attempt, "err", err)
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("connect to nats %s: gave up after %d attempts: %w", url, attempt, ctx.Err())
-		case <-time.After(wait):
+		if serr := backoff.Sleep(ctx, wait); serr != nil {
+			return nil, fmt.Errorf("connect to nats %s: gave up after %d attempts: %w", url, attempt, serr)
 		}
 	}
 }

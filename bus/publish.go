@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
 )
 
 // ErrNotInput is returned by PublishInput for a subject outside ctx.in.>, or
@@ -41,6 +43,9 @@ func MsgID(nc *nats.Conn, subject, inputID string) string {
 	return fmt.Sprintf("%s/%s/%s-%d", inputID, subject, msgIDKey, cid)
 }
 
+// publishRetry is PublishInput's backoff: from 100 ms doubling to 1 s.
+var publishRetry = backoff.Policy{First: 100 * time.Millisecond, Max: time.Second}
+
 // PublishInput publishes one input to CTX_IN and waits for the PubAck. id is
 // the input's own id; MsgID makes the Nats-Msg-Id of it, so that JetStream
 // drops a copy the connection sends again inside its duplicate window (the
@@ -55,7 +60,7 @@ func PublishInput(ctx context.Context, js jetstream.JetStream, subject, id strin
 	if id == "" {
 		return nil, fmt.Errorf("publish %s: an input needs an id", subject)
 	}
-	start, wait := time.Now(), 100*time.Millisecond
+	start, b := time.Now(), backoff.New(publishRetry)
 	for {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		ack, err := js.Publish(actx, subject, data, jetstream.WithMsgID(MsgID(js.Conn(), subject, id)), jetstream.WithExpectStream(StreamIn))
@@ -63,15 +68,13 @@ func PublishInput(ctx context.Context, js jetstream.JetStream, subject, id strin
 		if err == nil {
 			return ack, nil
 		}
+		wait := b.Next()
 		if !Transient(err) || ctx.Err() != nil || time.Since(start)+wait > PublishRetryFor {
 			return nil, fmt.Errorf("publish %s (id %s): %w", subject, id, err)
 		}
-		select {
-		case <-ctx.Done():
+		if backoff.Sleep(ctx, wait) != nil {
 			return nil, fmt.Errorf("publish %s (id %s): %w", subject, id, err)
-		case <-time.After(wait):
 		}
-		wait = min(2*wait, time.Second)
 	}
 }
 

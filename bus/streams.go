@@ -16,6 +16,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
 )
 
 // Names shared by the service, the clients and nats.conf.
@@ -56,15 +58,14 @@ type options struct {
 	replicas   int
 	partitions int
 	maxAge     time.Duration
-	maxBytes   int64
 	// asked records which settings an option set, as opposed to defaults:
 	// keeping an existing value against an explicit request is a warning.
-	askedReplicas, askedMaxAge, askedMaxBytes, askedPartitions bool
-	log                                                        *slog.Logger
+	askedReplicas, askedMaxAge, askedPartitions bool
+	log                                         *slog.Logger
 }
 
 func buildOptions(opts []Option) options {
-	o := options{replicas: 1, maxBytes: -1, partitions: DefaultPartitions}
+	o := options{replicas: 1, partitions: DefaultPartitions}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -92,12 +93,6 @@ func WithReplicas(n int) Option {
 // stream keeps its own limit.
 func WithMaxAge(d time.Duration) Option {
 	return func(o *options) { o.maxAge, o.askedMaxAge = d, true }
-}
-
-// WithMaxBytes bounds each stream's size (-1 = unlimited); old messages are
-// discarded first. Like WithMaxAge, it applies only on creation.
-func WithMaxBytes(n int64) Option {
-	return func(o *options) { o.maxBytes, o.askedMaxBytes = n, true }
 }
 
 // WithPartitions sets N, the number of partitions of CTX_IN's transform,
@@ -131,7 +126,7 @@ func InStreamConfig(opts ...Option) jetstream.StreamConfig {
 
 // StateStreamConfig is the configuration of CTX_STATE, the changelog. It is
 // the source of truth every instance's SQLite is rebuilt from, so it never
-// ages messages out, whatever WithMaxAge and WithMaxBytes say for the others.
+// ages messages out, whatever WithMaxAge says for the others.
 func StateStreamConfig(opts ...Option) jetstream.StreamConfig {
 	c := streamConfig(StreamState, "ctxpipe changelog: every committed change, per partition", StateSubjects, opts)
 	c.MaxAge, c.MaxBytes, c.Duplicates = 0, -1, DuplicateWindow
@@ -164,7 +159,7 @@ func streamConfig(name, description, subjects string, opts []Option) jetstream.S
 		Duplicates:  duplicates(o.maxAge),
 		MaxMsgSize:  MaxMsgSize,
 		MaxAge:      o.maxAge,
-		MaxBytes:    o.maxBytes,
+		MaxBytes:    -1, // the operator's to set (ReconcileStreams keeps it)
 		Replicas:    o.replicas,
 	}
 }
@@ -292,7 +287,7 @@ func reconcileStream(ctx context.Context, js jetstream.JetStream, want jetstream
 	next.Replicas = d.replicas(next.Replicas, want.Replicas, o.askedReplicas)
 	// The operator's: reported, kept.
 	d.keep("max_age", ageString(next.MaxAge), ageString(want.MaxAge), o.askedMaxAge)
-	d.keep("max_bytes", bytesString(next.MaxBytes), bytesString(want.MaxBytes), o.askedMaxBytes)
+	d.keep("max_bytes", bytesString(next.MaxBytes), bytesString(want.MaxBytes), false)
 	d.keep("storage", next.Storage.String(), want.Storage.String(), true)
 	d.keep("retention", next.Retention.String(), want.Retention.String(), true)
 	d.keep("discard", next.Discard.String(), want.Discard.String(), true)
@@ -476,7 +471,7 @@ func RetryStart(ctx context.Context, log *slog.Logger, what string, op func(cont
 	if log == nil {
 		log = slog.Default()
 	}
-	var b backoff
+	b := backoff.New(startRetry)
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
@@ -494,12 +489,10 @@ func RetryStart(ctx context.Context, log *slog.Logger, what string, op func(cont
 		if !Transient(err) {
 			return err
 		}
-		wait := b.next()
+		wait := b.Next()
 		log.Warn(fmt.Sprintf("%s failed, retrying in %v", what, wait.Round(time.Millisecond)), "attempt", attempt, "err", err)
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s: gave up after %d attempts: %w (last error: %v)", what, attempt, ctx.Err(), err)
-		case <-time.After(wait):
+		if serr := backoff.Sleep(ctx, wait); serr != nil {
+			return fmt.Errorf("%s: gave up after %d attempts: %w (last error: %v)", what, attempt, serr, err)
 		}
 	}
 }

@@ -35,13 +35,14 @@ func newClient(t *testing.T, opts ...clienttest.Option) (*client.Client, *client
 	return c, svc, nc
 }
 
-// The client repeats two names of the service's (it does not import it).
+// The client reads the wire names from schema; the service's own copies
+// must agree until it does too.
 func TestNamesMatchTheService(t *testing.T) {
-	if client.ProgressPrefix != pipeline.ProgressPrefix {
-		t.Fatalf("ProgressPrefix %q, the service's %q", client.ProgressPrefix, pipeline.ProgressPrefix)
+	if schema.ProgressSubjectPrefix != pipeline.ProgressPrefix {
+		t.Fatalf("schema.ProgressSubjectPrefix %q, the service's %q", schema.ProgressSubjectPrefix, pipeline.ProgressPrefix)
 	}
-	if client.CodeInputRejected != pipeline.QueryInputRejected {
-		t.Fatalf("CodeInputRejected %q, the service's %q", client.CodeInputRejected, pipeline.QueryInputRejected)
+	if schema.QueryInputRejected != pipeline.QueryInputRejected {
+		t.Fatalf("schema.QueryInputRejected %q, the service's %q", schema.QueryInputRejected, pipeline.QueryInputRejected)
 	}
 }
 

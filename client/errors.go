@@ -8,11 +8,6 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// CodeInputRejected is the query code of a history request whose wait_for
-// input was rejected (the service's pipeline.QueryInputRejected; the client
-// does not import the service). Wait turns it into a *RejectedError.
-const CodeInputRejected schema.QueryCode = "input_rejected"
-
 // Sentinels to test errors against with errors.Is. A *QueryError matches the
 // one of its code; a *RejectedError matches ErrRejected.
 var (

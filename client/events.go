@@ -8,19 +8,12 @@ import (
 	"iter"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
-
-// ProgressPrefix starts the subjects on which the service announces a
-// condense the moment it starts, before it commits (pipeline.ProgressPrefix:
-// ctx.progress.<conv>.context_managing, core NATS, no stream). The client
-// does not import the service, so the prefix is repeated here; a test holds
-// the two equal.
-const ProgressPrefix = "ctx.progress."
 
 // RawEvent is an event of a type this client does not know (a newer service
 // may add types); Data is its JSON as sent.
@@ -126,7 +119,7 @@ func (c *Client) Events(ctx context.Context, conv string, opts ...EventsOption) 
 	// tenant acme's events (and count them into its position).
 	subjects := []string{schema.EventSubjectPrefix + c.scoped(conv) + ".*"}
 	if cfg.progress {
-		subjects = append(subjects, ProgressPrefix+c.scoped(conv)+".*")
+		subjects = append(subjects, schema.ProgressSubjectPrefix+c.scoped(conv)+".*")
 	}
 	for i, subj := range subjects {
 		progress := i == 1
@@ -294,20 +287,15 @@ func (f *follower) run(ctx context.Context, status chan nats.Status) error {
 // is a busy service: ctx.q.events holds no wait, so its timeout answer means
 // too many queries in flight ("retry").
 func (f *follower) catchUp(ctx context.Context) error {
-	pause := retryFirst
+	pauses := backoff.New(retryPause)
 	for {
 		err := f.catchUpOnce(ctx)
 		if err == nil || ctx.Err() != nil || !(retryable(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrTimeout)) {
 			return err
 		}
-		timer := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		if backoff.Sleep(ctx, pauses.Next()) != nil {
 			return context.Cause(ctx)
-		case <-timer.C:
 		}
-		pause = min(2*pause, retryMax)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -41,11 +42,11 @@ func (c *Client) request(ctx context.Context, verb schema.QueryVerb, conv string
 	return nil
 }
 
-// Pauses between the tries of a request that may succeed when sent again:
-// the first, doubled after each try up to the longest.
+// retryPause is the pause between the tries of a request that may succeed
+// when sent again: the first, doubled after each try up to the longest.
+var retryPause = backoff.Policy{First: 50 * time.Millisecond, Max: time.Second}
+
 const (
-	retryFirst = 50 * time.Millisecond
-	retryMax   = time.Second
 	// retryLast is the least time a try must have left to be made.
 	retryLast = 100 * time.Millisecond
 )
@@ -106,11 +107,12 @@ func (c *Client) retry(ctx context.Context, op func(context.Context) error) erro
 		deadline = time.Now().Add(c.timeout)
 	}
 	tctx := ctx
-	pause := retryFirst
+	pauses := backoff.New(retryPause)
 	for {
 		rctx, cancel := c.untilReconnect(tctx)
 		err := reconnected(tctx, rctx, op(rctx))
 		cancel()
+		pause := pauses.Next()
 		if err == nil || !retryable(err) || time.Until(deadline) < pause+retryLast {
 			return err
 		}
@@ -126,7 +128,6 @@ func (c *Client) retry(ctx context.Context, op func(context.Context) error) erro
 			tctx, cancel = context.WithDeadline(ctx, deadline)
 			defer cancel()
 		}
-		pause = min(2*pause, retryMax)
 	}
 }
 
@@ -295,7 +296,7 @@ func (c *Client) history(ctx context.Context, req schema.HistoryRequest) (*schem
 	switch {
 	case err == nil:
 		return &rep, nil
-	case errors.As(err, &qe) && qe.Code == CodeInputRejected:
+	case errors.As(err, &qe) && qe.Code == schema.QueryInputRejected:
 		return nil, c.rejected(ctx, req.ConversationID, req.WaitFor, qe.Message)
 	case errors.As(err, &qe) && qe.Code == schema.QueryBadRequest && req.Cursor != "":
 		return nil, fmt.Errorf("%w: %w", ErrStaleCursor, err)
@@ -332,7 +333,7 @@ func (c *Client) Wait(ctx context.Context, conv, inputID string) error {
 		return fmt.Errorf("ctxpipe wait in %s: %w: an input id is required", conv, ErrBadRequest)
 	}
 	start := time.Now()
-	pause := retryFirst
+	pauses := backoff.New(retryPause)
 	for {
 		asked := time.Now()
 		err := c.retry(ctx, func(ctx context.Context) error {
@@ -356,21 +357,16 @@ func (c *Client) Wait(ctx context.Context, conv, inputID string) error {
 			return fmt.Errorf("ctxpipe wait for %s: %v in all: %w", inputID, waited(start), err)
 		}
 		if time.Since(asked) >= time.Second {
-			pause = retryFirst
+			pauses.Reset()
 			continue
 		}
 		// A timeout answered at once is the service refusing to wait (too
 		// many waits pending, or this tenant's share of queries in flight):
 		// asked again at once, thousands of times a second, it would only
 		// add to the load. Pause, longer each time.
-		timer := time.NewTimer(min(pause, time.Until(dl)-100*time.Millisecond))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		if backoff.Sleep(ctx, min(pauses.Next(), time.Until(dl)-100*time.Millisecond)) != nil {
 			return fmt.Errorf("ctxpipe wait for %s: %v in all: %w", inputID, waited(start), err)
-		case <-timer.C:
 		}
-		pause = min(2*pause, retryMax)
 	}
 }
 

@@ -183,7 +183,7 @@ func TestWaitWhoseReplyWasLostWithTheConnection(t *testing.T) {
 // A service that refuses at once ("timeout: too many queries in flight from
 // this tenant; retry", its answer to a tenant over its share) is asked again
 // after a pause, not thousands of times a second, and an events stream goes
-// on rather than ending (outside campaign C, F1).
+// on rather than ending.
 func TestBusyServiceIsNotHammered(t *testing.T) {
 	_, url := natstest.Run(t)
 	srv := natstest.Connect(t, url)

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/ctxpipe/ctxpipe/changelog"
-	"github.com/ctxpipe/ctxpipe/llm"
+	llm "github.com/ctxpipe/ctxpipe/condense"
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/stages"

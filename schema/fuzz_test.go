@@ -70,7 +70,7 @@ func seedConv(data []byte) string {
 
 func FuzzDecodeInput(f *testing.F) {
 	addTurnSeeds(f, func(conv string, data []byte) { f.Add(conv, data) })
-	// Issue 7's hostile shapes, small, for the fuzzer to mutate.
+	// The hostile shapes of hostile_test.go, small, for the fuzzer to mutate.
 	for _, h := range [][]byte{
 		deepToolResult(4 << 10),
 		toolUseTurn(nestValue(schema.MaxToolInputDepth)),

@@ -12,15 +12,15 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// Inputs from the hostile campaign of issue 7 and their neighbours at the
-// limits. Each one is rejected with a stable reason before anything is
-// stored, or accepted and stored as JSON that every reader can parse.
+// Hostile inputs and their neighbours at the limits. Each one is rejected
+// with a stable reason before anything is stored, or accepted and stored as
+// JSON that every reader can parse.
 
 // deepToolResult builds a user turn of about size bytes whose content is a
 // tool_result nested in tool_result as deep as encoding/json allows (each
 // level is two JSON levels: the content array and the block), with padding
-// text spread over the levels: the shape that made decoding quadratic, since
-// every level's Content.UnmarshalJSON re-read everything below it.
+// text spread over the levels: the shape on which decoding turns quadratic
+// when every level's Content.UnmarshalJSON reads again all that lies below.
 func deepToolResult(size int) []byte {
 	const maxLevels = 4900 // 9,800 JSON levels: under encoding/json's 10,000
 	const open = `{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"`
@@ -53,7 +53,7 @@ func deepToolResult(size int) []byte {
 
 // BenchmarkDecodeDeep decodes the nested payload at two sizes. With the
 // depth checked before decoding, the time per byte does not grow with the
-// size; it used to grow with depth times size (4 MiB: about a minute).
+// size (unchecked, it would grow with depth times size).
 func BenchmarkDecodeDeep(b *testing.B) {
 	for _, size := range []struct {
 		name string
@@ -224,9 +224,9 @@ func TestLoneSurrogateStoredForm(t *testing.T) {
 	}
 }
 
-// The campaign's 4 MiB payload took 42 s to decode; it must now be turned
-// away after one read. The reason, not the time, is asserted here
-// (BenchmarkDecodeDeep shows the time).
+// A 4 MiB payload of the deepest nesting is turned away after one read,
+// before a decode whose cost grows with the square of its size. The reason,
+// not the time, is asserted here (BenchmarkDecodeDeep shows the time).
 func TestDeepToolResultRejectedBeforeDecoding(t *testing.T) {
 	data := deepToolResult(4 << 20)
 	if len(data) != 4<<20 {

@@ -41,6 +41,11 @@ const (
 const (
 	InputSubjectPrefix = "ctx.in."
 	EventSubjectPrefix = "ctx.events."
+	// ProgressSubjectPrefix starts the subjects on which the service
+	// announces a condense the moment it starts, before it commits:
+	// ctx.progress.<conv>.context_managing, core NATS, no stream. It is a
+	// hint that may be lost; the record is the event on CTX_EVENTS.
+	ProgressSubjectPrefix = "ctx.progress."
 )
 
 // MaxConversationIDLen bounds a conversation id (and any subject token

@@ -109,10 +109,10 @@ func decodeContent(c *Content, dec *jsontext.Decoder, block func(*jsontext.Decod
 // marshalOptions make encoding/json/v2 write what encoding/json wrote (its
 // legacy omitempty, method and error rules) without HTML escaping, and
 // without escaping U+2028 and U+2029 for JavaScript source either: written
-// as \u2028, each of those 3-byte characters took 6, so an accepted 4 MiB
-// turn of them became a message over the 8 MiB reply limit (outside
-// campaign F3). Nothing an input says then grows when it is written out
-// again: what JSON must escape, the input had to escape too.
+// as \u2028, each of those 3-byte characters would take 6, so an accepted
+// 4 MiB turn of them would become a message over the 8 MiB reply limit.
+// Nothing an input says then grows when it is written out again: what JSON
+// must escape, the input had to escape too.
 var marshalOptions = jsonv2.JoinOptions(jsonv1.DefaultOptionsV1(), jsontext.EscapeForHTML(false), jsontext.EscapeForJS(false))
 
 // MarshalJSONTo writes the form the content arrived in, into the stream

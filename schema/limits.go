@@ -25,9 +25,9 @@ const (
 	// counting the payload's own object as level 1. It leaves room for a
 	// tool input at MaxToolInputDepth inside its turn, content array and
 	// block. It is checked on the raw bytes before anything is decoded, so
-	// decoding a payload costs time linear in its size: a tool_result
-	// nested in tool_result thousands of levels deep used to cost time
-	// proportional to depth times size (4 MiB: about a minute).
+	// decoding a payload costs time linear in its size, never time
+	// proportional to depth times size, as a tool_result nested in
+	// tool_result thousands of levels deep would.
 	MaxPayloadDepth = MaxToolInputDepth + 8
 )
 

@@ -165,7 +165,7 @@ type Profile struct {
 	MinGainTokens *int `json:"min_gain_tokens,omitempty"`
 }
 
-// MaskSettings are a profile's observation masking (issue 13): when the
+// MaskSettings are a profile's observation masking: when the
 // threshold is crossed, the bodies of older tool results are replaced in the
 // effective history by a one-line stand-in, and a condense runs only if the
 // context is still over the threshold.
@@ -339,22 +339,30 @@ func (p *Profile) AutoCondenseOr(g Globals) bool {
 	return g.AutoCondense
 }
 
-// EffectiveThreshold resolves the profile's threshold against the global
-// percent exactly as Roo does: absent or -1 inherits, 5..100 is used, any
-// other value falls back to the global with a warning (no clamping).
-func (p *Profile) EffectiveThreshold(global int, log *slog.Logger) int {
+// Threshold resolves the profile's threshold against the global percent
+// exactly as Roo does: absent or -1 inherits, 5..100 is used, any other
+// value falls back to the global (no clamping). valid is false for such a
+// value, which the caller warns about.
+func (p *Profile) Threshold(global int) (percent int, valid bool) {
 	if p.CondenseThreshold == nil || *p.CondenseThreshold == InheritThreshold {
-		return global
+		return global, true
 	}
 	v := *p.CondenseThreshold
 	if v >= MinCondenseThreshold && v <= MaxCondenseThreshold {
-		return v
+		return v, true
 	}
-	if log != nil {
+	return global, false
+}
+
+// EffectiveThreshold is Threshold that warns on log, when there is one,
+// about a value it fell back from.
+func (p *Profile) EffectiveThreshold(global int, log *slog.Logger) int {
+	t, valid := p.Threshold(global)
+	if !valid && log != nil {
 		log.Warn("invalid profile condense threshold; using the global percent",
-			"profile", p.ID, "threshold", v, "global", global)
+			"profile", p.ID, "threshold", *p.CondenseThreshold, "global", global)
 	}
-	return global
+	return t
 }
 
 // DecodeProfile decodes and validates a profile document.

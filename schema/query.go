@@ -40,6 +40,9 @@ const (
 	QueryInternal   QueryCode = "internal"    // the service failed; retrying may help
 	QueryTooLarge   QueryCode = "too_large"   // the reply would not fit in one message: ask for a smaller page
 	QueryForbidden  QueryCode = "forbidden"   // the request's reply subject is outside an inbox prefix
+	// QueryInputRejected answers a history query whose wait_for input was
+	// rejected: the agent learns its turn did not land, and why.
+	QueryInputRejected QueryCode = "input_rejected"
 )
 
 // MaxQueryTimeout bounds a request's timeout_ms, so that a client cannot park

@@ -58,8 +58,8 @@ func TestHistoryRequestTimeout(t *testing.T) {
 		{10 * 60 * 1000, MaxQueryTimeout},
 		{MaxQueryTimeout.Milliseconds(), MaxQueryTimeout},
 		{MaxQueryTimeout.Milliseconds() - 1, MaxQueryTimeout - time.Millisecond},
-		// The campaign's 1e13 ms wrapped to a negative Duration, an
-		// instant timeout; it waits the longest allowed instead.
+		// 1e13 ms overflows a Duration (wrapped, it would be a negative,
+		// instant timeout): it waits the longest allowed.
 		{1e13, MaxQueryTimeout},
 		{math.MaxInt64, MaxQueryTimeout},
 		{math.MaxInt64 / int64(time.Millisecond), MaxQueryTimeout},

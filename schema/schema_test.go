@@ -180,10 +180,10 @@ func TestDecodeInputTurn(t *testing.T) {
 	}
 }
 
-// A payload that stops being JSON after its id is rejected under that id
-// (an outside campaign found these rejected under an id made from the
-// stream sequence: wait_for on the real id timed out, and sending the same
-// broken payload again made a second rejection).
+// A payload that stops being JSON after its id is rejected under that id,
+// not under one made from the stream sequence: wait_for on the id sent must
+// see the rejection, and sending the same broken payload again must not
+// make a second one.
 func TestPeekIDOfBrokenPayloads(t *testing.T) {
 	const id = "b6d23469-f65d-4c7b-9f3e-2a1d0c9b8a76"
 	deep := strings.Repeat("[", 100_000)
@@ -346,8 +346,8 @@ func TestProfileValidate(t *testing.T) {
 		{"no id", schema.Profile{ContextWindow: 1000}, false},
 		{"id with every allowed character", schema.Profile{ID: "Team-2_eu=x/demo.16k", ContextWindow: 1000}, true},
 		{"id at the length cap", schema.Profile{ID: strings.Repeat("p", schema.MaxProfileIDBytes), ContextWindow: 1000}, true},
-		// Outside campaign: an id of kilobytes made the service's bucket
-		// read close its connection.
+		// An id of kilobytes would make the service's bucket read close
+		// its connection.
 		{"id over the length cap", schema.Profile{ID: strings.Repeat("p", schema.MaxProfileIDBytes+1), ContextWindow: 1000}, false},
 		{"id with a space", schema.Profile{ID: "demo 16k", ContextWindow: 1000}, false},
 		{"id with a wildcard", schema.Profile{ID: "demo.>", ContextWindow: 1000}, false},
@@ -361,7 +361,7 @@ func TestProfileValidate(t *testing.T) {
 		{"unknown strategy", schema.Profile{ID: "p", ContextWindow: 1000, Strategy: "shrink"}, false},
 		{"unknown counter", schema.Profile{ID: "p", ContextWindow: 1000, Counter: "words"}, false},
 		{"negative fudge", schema.Profile{ID: "p", ContextWindow: 1000, FudgeFactor: -1}, false},
-		// Issue 7: fudge_factor 1e18 stored MinInt64 tokens for every message.
+		// 1e18 × a count overflows an int: every message would count MinInt64.
 		{"fudge 1e18", schema.Profile{ID: "p", ContextWindow: 1000, FudgeFactor: 1e18}, false},
 		{"fudge just over the cap", schema.Profile{ID: "p", ContextWindow: 1000, FudgeFactor: schema.MaxFudgeFactor + 0.001}, false},
 		{"fudge at the cap", schema.Profile{ID: "p", ContextWindow: 1000, FudgeFactor: schema.MaxFudgeFactor}, true},
@@ -473,6 +473,9 @@ func TestEffectiveThreshold(t *testing.T) {
 			}
 			if got := p.EffectiveThreshold(80, nil); got != tt.want {
 				t.Errorf("with a nil logger = %d, want %d", got, tt.want)
+			}
+			if got, valid := p.Threshold(80); got != tt.want || valid == tt.warns {
+				t.Errorf("Threshold = %d, %v; want %d, %v", got, valid, tt.want, !tt.warns)
 			}
 		})
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/tokens"
@@ -84,9 +83,9 @@ func (e *Engine) Apply(ctx context.Context, st schema.ConversationState, h Histo
 	case schema.KindTurn:
 		err = r.turn()
 	case schema.KindCondense:
-		err = r.manage(Decide(st.ContextTokens, p, e.Globals, schema.TriggerManual, st.CondenseBlocked, e.Log))
+		err = r.manage(r.decide(schema.TriggerManual))
 	case schema.KindOverflow:
-		d := Decide(st.ContextTokens, p, e.Globals, schema.TriggerForced, st.CondenseBlocked, e.Log)
+		d := r.decide(schema.TriggerForced)
 		if err = r.manage(d); err == nil {
 			r.ch.Events = EndUnreduced(r.ch.Events, r.nothingToReduce(d))
 		}
@@ -161,7 +160,18 @@ func (r *run) turn() error {
 		// context again right after: wait for them.
 		return nil
 	}
-	return r.manage(Decide(r.st.ContextTokens, r.p, r.e.Globals, schema.TriggerAuto, r.st.CondenseBlocked, r.e.Log))
+	return r.manage(r.decide(schema.TriggerAuto))
+}
+
+// decide is Decide over the run's state, warning of a profile threshold
+// it had to ignore.
+func (r *run) decide(trig schema.Trigger) Decision {
+	d := Decide(r.st.ContextTokens, r.p, r.e.Globals, trig, r.st.CondenseBlocked)
+	if d.ThresholdIgnored && r.e.Log != nil {
+		r.e.Log.Warn("invalid profile condense threshold; using the global percent",
+			"profile", r.p.ID, "threshold", *r.p.CondenseThreshold, "global", d.Threshold)
+	}
+	return d
 }
 
 // load reads the stored history once, with the pending turn appended.
@@ -181,24 +191,15 @@ func (r *run) load() error {
 	return nil
 }
 
-// MaskStopFraction of the threshold is where masking alone must bring the
-// context for an automatic reduction to stop there, without a condense. A
-// keep_tail condense leaves about a quarter of the threshold on the shared
-// agent runs (make quality); a masking that stopped higher would bring the
-// next reduction, and the next broken prompt cache, sooner than a condense
-// does. Below it no model is called at all.
-const MaskStopFraction = 0.25
-
 // manage is manageContext: mask older tool results when the profile masks
 // and the threshold is crossed, and stop there if that brought an automatic
-// trigger back under it; otherwise condense if the decision says so, check
-// that the context shrank, and truncate when the condense did not apply and
-// the context is over the allowed size. What MustKeep names survives each
-// step.
+// trigger back under it (afterMask); otherwise condense if the decision
+// says so, check that the context shrank, and truncate when the condense
+// did not apply and the context is over the allowed size. What MustKeep
+// names survives each step.
 func (r *run) manage(d Decision) error {
-	maskDue := r.p.Mask.Enabled && (d.Trigger != schema.TriggerAuto ||
-		d.Percent >= float64(d.Threshold) || float64(d.Prev) > d.Allowed)
-	if !d.Condense && !d.Truncate && !maskDue {
+	masking := maskDue(r.p.Mask.Enabled, d)
+	if !d.Condense && !d.Truncate && !masking {
 		return nil
 	}
 	if err := r.load(); err != nil {
@@ -206,22 +207,10 @@ func (r *run) manage(d Decision) error {
 	}
 	r.keep = MustKeep(r.hist, r.st.Pins, r.p)
 	defer func() { r.st.Messages = len(r.hist) }()
-	if maskDue && r.mask(d) && d.Trigger == schema.TriggerAuto {
-		// Masking cost no model call. It is enough when it leaves room
-		// for as long as a condense would (MaskStopFraction of the
-		// threshold); otherwise the condense runs now, on the masked
-		// history, so the agent's prompt cache breaks once, not twice in
-		// a few turns.
-		next := Decide(r.st.ContextTokens, r.p, r.e.Globals, d.Trigger, r.st.CondenseBlocked, r.e.Log)
-		if !next.Truncate && next.Percent <= float64(next.Threshold)*MaskStopFraction {
+	if masking && r.mask(d) && d.Trigger == schema.TriggerAuto {
+		next, goOn := afterMask(r.decide(d.Trigger), r.p.AutoCondenseOr(r.e.Globals), r.st.CondenseBlocked)
+		if !goOn {
 			return nil
-		}
-		if !next.Condense && !next.Truncate {
-			// Under the threshold but short of the target.
-			next.Condense = r.p.AutoCondenseOr(r.e.Globals) && !r.st.CondenseBlocked
-			if !next.Condense {
-				return nil
-			}
 		}
 		d = next
 	}
@@ -250,7 +239,7 @@ func (r *run) mask(d Decision) bool {
 		return false
 	}
 	next := effectiveTokens(r.st.SystemTokens, m.History)
-	if gain := before - next; gain <= 0 || (d.Trigger == schema.TriggerAuto && gain < r.p.MaskMinGain()) {
+	if !maskWorth(d.Trigger, before-next, r.p.MaskMinGain()) {
 		r.log().Debug("masking skipped: too little gain", "gain", before-next, "min_gain", r.p.MaskMinGain())
 		return false
 	}
@@ -269,21 +258,6 @@ func (r *run) mask(d Decision) bool {
 	return true
 }
 
-// latches tells whether an automatic or forced condense that failed for
-// reason blocks the next ones (Gemini's latch): only when the summarizer
-// was asked and its work was no good, since asking again on every turn
-// would cost a model call each time for the same result. A refusal made
-// before any call (too few messages yet, a summary too recent, pinned
-// messages over the window) costs nothing to decide again, and the next
-// turns may well change it: Roo decides again on every turn.
-func latches(reason schema.Reason) bool {
-	switch reason {
-	case schema.ReasonLLMError, schema.ReasonEmptySummary, schema.ReasonContextGrew:
-		return true
-	}
-	return false
-}
-
 func (r *run) condense(d Decision) (bool, error) {
 	// The real context before, on the same footing as the recount after:
 	// an overflow raises d.Prev to the window, and a provider's usage counts
@@ -293,45 +267,20 @@ func (r *run) condense(d Decision) (bool, error) {
 	before := effectiveTokens(r.st.SystemTokens, r.hist)
 	plan, planErr := PlanCondenseWith(r.hist, r.p, InputScope(r.in), CondenseOptions{Keep: r.keep, Instructions: r.in.Instructions, MaskResults: r.p.Mask.Enabled})
 	kept := keptTokens(r.st.SystemTokens, r.hist, r.keep)
-	keptOver := len(r.keep) > 0 && d.Allowed > 0 && float64(kept) > d.Allowed
-	if planErr == nil && !keptOver && d.Trigger == schema.TriggerAuto {
-		// The most a condense can free is what it hides: its summary only
-		// adds. Below the minimum gain it is not worth a broken prompt
-		// cache (nor the model call), so it is not tried.
-		empty := plan.Finish("", r.ctr.Content)
-		if gain := before - effectiveTokens(r.st.SystemTokens, empty.History); gain < r.p.MinGain() {
+	keptOver := keptOverAllowed(len(r.keep), kept, d.Allowed)
+	if planErr == nil && !keptOver {
+		// The most a condense can free is what it hides: its summary only adds.
+		gain := before - effectiveTokens(r.st.SystemTokens, plan.Finish("", r.ctr.Content).History)
+		if !condenseWorth(d.Trigger, gain, r.p.MinGain()) {
 			r.log().Debug("condense skipped: too little gain", "gain", gain, "min_gain", r.p.MinGain())
 			return false, nil
 		}
 	}
-	managing := &schema.ContextManaging{
-		EventHeader:   r.header(schema.EventContextManaging),
-		Trigger:       d.Trigger,
-		ContextTokens: d.Prev,
-		ContextWindow: d.Window,
-		Threshold:     d.Threshold,
-	}
-	r.ch.Events = append(r.ch.Events, managing)
-	if r.e.Progress != nil {
-		r.e.Progress(r.ctx, managing)
-	}
-	fail := func(reason schema.Reason, msg string, cost float64) (bool, error) {
-		// A provider's error message is quoted: bounded, like every event's.
-		msg = schema.Clip(msg, schema.MaxMessageBytes)
-		r.ch.Events = append(r.ch.Events, &schema.CondenseFailed{
-			EventHeader: r.header(schema.EventCondenseFailed),
-			Error:       reason, Message: msg, Cost: cost, Trigger: d.Trigger,
-		})
-		if d.Trigger != schema.TriggerManual && latches(reason) {
-			r.st.CondenseBlocked = true
-		}
-		r.log().Info("condense failed", "reason", reason, "detail", msg, "trigger", d.Trigger)
-		return false, nil
-	}
+	r.announce(d)
 	if err := planErr; err != nil {
 		var se *schema.Error
 		if errors.As(err, &se) {
-			return fail(se.Reason, se.Message, 0)
+			return r.condenseFailed(d, se.Reason, se.Message, 0), nil
 		}
 		return false, err
 	}
@@ -340,25 +289,19 @@ func (r *run) condense(d Decision) (bool, error) {
 		// summary can bring it under. The truncation that follows keeps
 		// those messages too, so the agent's next request may overflow;
 		// unpinning is the way out.
-		return fail(schema.ReasonPinnedOverWindow, fmt.Sprintf("the messages that must stay verbatim (pinned, the task, the latest instruction) make %d tokens; %d are allowed", kept, int(d.Allowed)), 0)
+		return r.condenseFailed(d, schema.ReasonPinnedOverWindow, fmt.Sprintf("the messages that must stay verbatim (pinned, the task, the latest instruction) make %d tokens; %d are allowed", kept, int(d.Allowed)), 0), nil
 	}
 	sum, err := r.e.Summarizer.Summarize(r.ctx, plan.Request)
 	if cerr := r.ctx.Err(); cerr != nil {
 		return false, cerr
 	}
-	if err != nil {
-		if schema.ReasonOf(err) == schema.ReasonEmptySummary {
-			return fail(schema.ReasonEmptySummary, err.Error(), sum.Cost)
-		}
-		return fail(schema.ReasonLLMError, err.Error(), sum.Cost)
-	}
-	if strings.TrimSpace(sum.Text) == "" {
-		return fail(schema.ReasonEmptySummary, "the summarizer returned no text", sum.Cost)
+	if reason, msg, failed := summaryFailure(sum, err); failed {
+		return r.condenseFailed(d, reason, msg, sum.Cost), nil
 	}
 	c := plan.Finish(sum.Text, r.ctr.Content)
 	next := effectiveTokens(r.st.SystemTokens, c.History)
 	if err := VerifyShrink(before, next); err != nil {
-		return fail(schema.ReasonContextGrew, err.Error(), sum.Cost)
+		return r.condenseFailed(d, schema.ReasonContextGrew, err.Error(), sum.Cost), nil
 	}
 	r.merge(c.Changes, c.History)
 	r.st.ContextTokens = next
@@ -379,6 +322,39 @@ func (r *run) condense(d Decision) (bool, error) {
 	})
 	r.log().Info("condensed", "strategy", plan.Strategy, "trigger", d.Trigger, "prev_tokens", d.Prev, "new_tokens", next, "messages", c.MessagesCondensed)
 	return true, nil
+}
+
+// announce records the context_managing event of a condense about to be
+// tried and hands it to Progress, so a UI shows progress while the
+// summarizer runs.
+func (r *run) announce(d Decision) {
+	managing := &schema.ContextManaging{
+		EventHeader:   r.header(schema.EventContextManaging),
+		Trigger:       d.Trigger,
+		ContextTokens: d.Prev,
+		ContextWindow: d.Window,
+		Threshold:     d.Threshold,
+	}
+	r.ch.Events = append(r.ch.Events, managing)
+	if r.e.Progress != nil {
+		r.e.Progress(r.ctx, managing)
+	}
+}
+
+// condenseFailed records a condense that failed for reason, with the
+// latch it sets (latches), and reports that nothing was condensed.
+func (r *run) condenseFailed(d Decision, reason schema.Reason, msg string, cost float64) bool {
+	// A provider's error message is quoted: bounded, like every event's.
+	msg = schema.Clip(msg, schema.MaxMessageBytes)
+	r.ch.Events = append(r.ch.Events, &schema.CondenseFailed{
+		EventHeader: r.header(schema.EventCondenseFailed),
+		Error:       reason, Message: msg, Cost: cost, Trigger: d.Trigger,
+	})
+	if latches(d.Trigger, reason) {
+		r.st.CondenseBlocked = true
+	}
+	r.log().Info("condense failed", "reason", reason, "detail", msg, "trigger", d.Trigger)
+	return false
 }
 
 // VerifyShrink rejects a condense whose new context is not smaller than the

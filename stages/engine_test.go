@@ -186,7 +186,7 @@ func TestEngineManualAndOverflow(t *testing.T) {
 	}
 	// Condensing is blocked now (the forced condense failed): further
 	// overflows truncate until nothing is left, and then say so rather
-	// than nothing at all (outside campaign).
+	// than nothing at all.
 	if !c.State.CondenseBlocked {
 		t.Fatal("the failed forced condense did not block")
 	}
@@ -330,7 +330,7 @@ func TestEngineStrategies(t *testing.T) {
 
 func ExampleConversation() {
 	// Manage a conversation in process: no NATS, no SQLite. The summarizer
-	// here is a function; in practice it is llm.NewRouter's.
+	// here is a function; in practice it is condense.NewRouter's.
 	summarize := SummarizerFunc(func(_ context.Context, req schema.SummaryRequest) (schema.Summary, error) {
 		return schema.Summary{Text: fmt.Sprintf("(summary of %d messages)", len(req.Messages)-1), Model: "example"}, nil
 	})

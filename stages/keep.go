@@ -6,7 +6,7 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// What must survive a reduction (issue 13): pinned messages, and with the
+// What must survive a reduction: pinned messages, and with the
 // profile's keep_task the first user message (the task) and the latest user
 // instruction. Each stays verbatim in the effective history: no summary
 // stands in for it, no truncation hides it, and masking leaves it whole.

@@ -3,14 +3,14 @@ package stages
 import (
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/textfacts"
 )
 
-// Observation masking (issue 13, after JetBrains' "The Complexity Trap" and
+// Observation masking (after JetBrains' "The Complexity Trap" and
 // Anthropic's context editing): the bodies of older tool results leave the
 // effective history, each replaced by one line that names the tool, its key
 // arguments and the size hidden. It costs no model call, keeps every call
@@ -23,9 +23,6 @@ import (
 // the mask id; the original is tagged condense_parent = mask id. A rewind to
 // the masking's ts (MaskedAt) deletes the stand-ins, and the cleared tags
 // bring the originals back byte for byte.
-
-// MaskPrefix opens every stand-in, so a masked result is never masked again.
-const MaskPrefix = "[ctxpipe masked this tool result: "
 
 // MaskOptions say which tool results a masking may replace.
 type MaskOptions struct {
@@ -92,7 +89,7 @@ func PlanMask(msgs []schema.Message, o MaskOptions, maskID string, ts int64, cou
 		if b.Content != nil {
 			body = contentText(*b.Content)
 		}
-		if strings.HasPrefix(body, MaskPrefix) {
+		if strings.HasPrefix(body, textfacts.MaskPrefix) {
 			continue
 		}
 		size := count(schema.BlockContent(b))
@@ -163,17 +160,15 @@ var standInKeys = []string{
 }
 
 const (
-	maxStandInArg   = 200 // characters of one argument's value
-	maxStandInArgs  = 3
-	maxStandInError = 1000
+	maxStandInArg  = 200 // characters of one argument's value
+	maxStandInArgs = 3
 )
 
-// standIn is the one line that replaces a tool result's body: the tool, its
-// key arguments, the size hidden and, for output that reported an error,
-// its last error line, so the facts an agent acts on outlive the body.
+// standIn is the one line that replaces a tool result's body
+// (textfacts.StandIn): the tool, its key arguments, the size hidden and the
+// error notes.
 func standIn(call schema.Block, known bool, body string, isError bool, tokens int) string {
 	var b strings.Builder
-	b.WriteString(MaskPrefix)
 	name := call.Name
 	if !known || name == "" {
 		name = "tool"
@@ -188,36 +183,14 @@ func standIn(call schema.Block, known bool, body string, isError bool, tokens in
 		lines = 0
 	}
 	fmt.Fprintf(&b, "; %d tokens, %d lines hidden", tokens, lines)
-	if isError {
-		b.WriteString("; it reported an error")
-	}
-	if last := lastErrorLine(body); last != "" {
-		b.WriteString("; last error: ")
-		b.WriteString(last)
-	}
-	b.WriteString(". Run the call again to see it.]")
-	return b.String()
+	return textfacts.StandIn(b.String(), isError, body)
 }
 
-// standInParts reads a stand-in back: its line count, and what follows the
-// size (the error notes).
-var standInParts = regexp.MustCompile(`; \d+ tokens, (\d+) lines hidden(.*)\. Run the call again to see it\.\]$`)
-
-// shortStandIn is a summarizer request's stand-in: the size and the last
-// error line only.
+// shortStandIn is a summarizer request's stand-in: the size and the error
+// notes only.
 func shortStandIn(body string, isError bool) string {
-	var b strings.Builder
-	b.WriteString(MaskPrefix)
-	fmt.Fprintf(&b, "%d lines", strings.Count(strings.TrimRight(body, "\n"), "\n")+1)
-	if isError {
-		b.WriteString("; it reported an error")
-	}
-	if last := lastErrorLine(body); last != "" {
-		b.WriteString("; last error: ")
-		b.WriteString(last)
-	}
-	b.WriteString(". Run the call again to see it.]")
-	return b.String()
+	lines := strings.Count(strings.TrimRight(body, "\n"), "\n") + 1
+	return textfacts.StandIn(fmt.Sprintf("%d lines", lines), isError, body)
 }
 
 // keyArgs renders the input's key arguments as key=value (values quoted,
@@ -270,35 +243,6 @@ func clipLine(s string, n int) string {
 		return string(r[:n]) + "…"
 	}
 	return s
-}
-
-// errorLinePattern, codeLinePattern and boilerplateLines tell a line that
-// reports an error from source code that merely mentions one.
-var (
-	errorLinePattern = regexp.MustCompile(`(?:Error|Exception|exceptions?)\b|\berror\b|\bERROR\b|Traceback|FAILED`)
-	codeLinePattern  = regexp.MustCompile(`^(?:[\w./-]+:\d+:\s*|\d+[:\s]\s*|[+-]\s*)?(?:raise|except|class|def|return|import|from|if|elif|else|assert|try|with|for|while|yield|lambda|await|self\.|#|//|/\*|\*|"|')`)
-	boilerplateLines = map[string]bool{
-		"Traceback (most recent call last):":                                   true,
-		"During handling of the above exception, another exception occurred:":  true,
-		"The above exception was the direct cause of the following exception:": true,
-	}
-)
-
-// lastErrorLine is the last line of out that reports an error, white space
-// collapsed, or "" when none does.
-func lastErrorLine(out string) string {
-	lines := strings.Split(out, "\n")
-	for i := len(lines) - 1; i >= 0; i-- {
-		if !errorLinePattern.MatchString(lines[i]) {
-			continue
-		}
-		l := strings.Join(strings.Fields(lines[i]), " ")
-		if l == "" || boilerplateLines[l] || codeLinePattern.MatchString(l) {
-			continue
-		}
-		return clipLine(l, maxStandInError)
-	}
-	return ""
 }
 
 // maxRequestInput is the size above which a tool call's input is clipped in
@@ -361,10 +305,10 @@ func maskRequest(req, all []schema.Message) []schema.Message {
 			return b
 		}
 		body := contentText(*b.Content)
-		if strings.HasPrefix(body, MaskPrefix) {
+		if strings.HasPrefix(body, textfacts.MaskPrefix) {
 			// A stand-in of the history: its short form.
-			if m := standInParts.FindStringSubmatch(body); m != nil {
-				c := schema.TextContent(MaskPrefix + m[1] + " lines" + m[2] + ". Run the call again to see it.]")
+			if short, ok := textfacts.ShortStandIn(body); ok {
+				c := schema.TextContent(short)
 				b.Content = &c
 			}
 			return b

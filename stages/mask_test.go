@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ctxpipe/ctxpipe/llm"
 	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/textfacts"
 	"github.com/ctxpipe/ctxpipe/tokens"
 )
 
@@ -115,7 +115,7 @@ func TestPlanMask(t *testing.T) {
 				if k%2 == 1 {
 					want = fmt.Sprintf(`bash command="go test ./pkg%d/... && echo <done>"; `, k)
 				}
-				if !strings.HasPrefix(text, MaskPrefix+want) || !strings.Contains(text, "tokens, 201 lines hidden") ||
+				if !strings.HasPrefix(text, textfacts.MaskPrefix+want) || !strings.Contains(text, "tokens, 201 lines hidden") ||
 					!strings.Contains(text, fmt.Sprintf("; last error: FAILED TestX%d: ValueError: bad %d.", k, k)) || strings.Contains(text, "\n") {
 					t.Fatalf("stand-in %q", text)
 				}
@@ -248,10 +248,18 @@ func TestMaskingWaitsForResults(t *testing.T) {
 	}
 }
 
-// The condensers recognize stand-ins by their prefix.
-func TestMaskPrefixKnownToTheCondensers(t *testing.T) {
-	if MaskPrefix != llm.MaskedPrefix {
-		t.Fatalf("stages.MaskPrefix %q, llm.MaskedPrefix %q", MaskPrefix, llm.MaskedPrefix)
+// The condensers recognize a stand-in by its prefix and read back the
+// error line it kept.
+func TestStandInReadByTheCondensers(t *testing.T) {
+	s := standIn(toolUse("c0", "bash", `{"command":"make"}`), true, "ok\nmake: *** [all] Error 2\n", true, 12)
+	if !strings.HasPrefix(s, textfacts.MaskPrefix) {
+		t.Fatalf("stand-in %q does not open with textfacts.MaskPrefix", s)
+	}
+	if got, want := textfacts.LastErrorLine(s), "make: *** [all] Error 2"; got != want {
+		t.Errorf("LastErrorLine(%q) = %q, want %q", s, got, want)
+	}
+	if got, want := textfacts.FailureLine(s), "make: *** [all] Error 2"; got != want {
+		t.Errorf("FailureLine(%q) = %q, want %q", s, got, want)
 	}
 }
 
@@ -280,8 +288,8 @@ func TestMaskRequest(t *testing.T) {
 		t.Errorf("short input changed: %s", s)
 	}
 	want := []string{
-		MaskPrefix + "2 lines; last error: make: *** [all] Error 2. Run the call again to see it.]",
-		MaskPrefix + "301 lines; last error: FAILED: boom. Run the call again to see it.]",
+		textfacts.MaskPrefix + "2 lines; last error: make: *** [all] Error 2. Run the call again to see it.]",
+		textfacts.MaskPrefix + "301 lines; last error: FAILED: boom. Run the call again to see it.]",
 		"a.go",
 	}
 	for i, w := range want {
@@ -356,13 +364,13 @@ func TestMaskedCondenseSourceKeepsWholeInputs(t *testing.T) {
 			plan, err := PlanCondenseWith(h, p, "in", CondenseOptions{Keep: MustKeep(h, nil, p), MaskResults: true})
 			mustNoErr(t, err)
 			named := func(msgs []schema.Message) bool {
-				return slices.ContainsFunc(llm.FilesTouched(msgs), func(f llm.FileTouch) bool { return f.Path == "lib/old.py" })
+				return slices.ContainsFunc(textfacts.FilesTouched(msgs), func(f textfacts.FileTouch) bool { return f.Path == "lib/old.py" })
 			}
 			if named(plan.Request.Messages) {
 				t.Fatal("the masked request holds the whole command: the test no longer tests Source")
 			}
 			if !named(plan.Request.Source) {
-				t.Fatalf("Source lost lib/old.py: %v", llm.FilesTouched(plan.Request.Source))
+				t.Fatalf("Source lost lib/old.py: %v", textfacts.FilesTouched(plan.Request.Source))
 			}
 		})
 	}

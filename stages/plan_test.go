@@ -924,8 +924,8 @@ func TestRewindUndoesACondenseStampedBehind(t *testing.T) {
 }
 
 // A pinned truncation marker stays visible through the next truncation,
-// which otherwise hides the older markers in its range (outside campaign:
-// the pin was accepted, then ignored).
+// which otherwise hides the older markers in its range: a pin that is
+// accepted holds.
 func TestTruncationKeepsAPinnedMarker(t *testing.T) {
 	first, m := truncated(t, 20)
 	marker := m.ID
@@ -952,8 +952,7 @@ func TestTruncationKeepsAPinnedMarker(t *testing.T) {
 }
 
 // The rewind that undoes a condense restores as many messages as the
-// condense said it condensed, a truncation marker it hid included (outside
-// campaign: 6 condensed, 5 restored).
+// condense said it condensed, a truncation marker it hid included.
 func TestRewindRestoresWhatTheCondenseCondensed(t *testing.T) {
 	tr, ok := PlanTruncation(msgs(16), 0.5, "t", lenCount)
 	if !ok {
@@ -982,9 +981,8 @@ func TestRewindRestoresWhatTheCondenseCondensed(t *testing.T) {
 // to was stamped before the assistant turn that precedes it in the
 // history. The cutoff moves to the next user message, here the tool
 // results, so the assistant turn is kept with its calls pending, as Roo
-// keeps it; the agent sends the results again. (An outside campaign read
-// the pending call as a split exchange; a review against the seeds showed
-// it is what Roo does on purpose.)
+// keeps it; the agent sends the results again. A pending call here is
+// Roo's behaviour, not a split exchange.
 func TestRewindRaceAdjustmentKeepsTheCallPending(t *testing.T) {
 	var h []schema.Message
 	for _, tr := range []schema.Turn{turnOf(0, 5), turnOf(1, 5), turnOf(2, 5), callTurn(3, 5, "X"), resultTurn(4, "X"), turnOf(5, 5)} {

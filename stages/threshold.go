@@ -1,10 +1,6 @@
 package stages
 
-import (
-	"log/slog"
-
-	"github.com/ctxpipe/ctxpipe/schema"
-)
+import "github.com/ctxpipe/ctxpipe/schema"
 
 // TokenBufferFraction of the window is kept free (Roo's TOKEN_BUFFER_PERCENTAGE).
 const TokenBufferFraction = 0.1
@@ -25,6 +21,9 @@ type Decision struct {
 	Condense bool
 	// Truncate: if no condense applies, hide half of the visible history.
 	Truncate bool
+	// ThresholdIgnored: the profile's condense_threshold is out of range,
+	// and the global percent applies instead (the caller warns).
+	ThresholdIgnored bool
 }
 
 // AllowedTokens is window × 0.9 − reserved, where reserved is max_tokens or 8192.
@@ -41,12 +40,14 @@ func AllowedTokens(p *schema.Profile) float64 {
 // threshold 75 even if auto-condense is off, and truncates if that fails.
 // blocked is Gemini's latch: after a failed automatic condense, automatic and
 // forced triggers only truncate until a condense succeeds or one is asked for.
-func Decide(prev int, p *schema.Profile, g schema.Globals, trig schema.Trigger, blocked bool, log *slog.Logger) Decision {
+func Decide(prev int, p *schema.Profile, g schema.Globals, trig schema.Trigger, blocked bool) Decision {
 	d := Decision{Trigger: trig, Prev: prev, Window: p.ContextWindow, Allowed: AllowedTokens(p)}
 	auto, global := p.AutoCondenseOr(g), g.AutoCondensePercent
+	valid := true
 	switch trig {
 	case schema.TriggerManual:
-		d.Threshold = p.EffectiveThreshold(global, log)
+		d.Threshold, valid = p.Threshold(global)
+		d.ThresholdIgnored = !valid
 		d.Percent = percent(prev, p.ContextWindow)
 		d.Condense = true
 		return d
@@ -55,7 +56,8 @@ func Decide(prev int, p *schema.Profile, g schema.Globals, trig schema.Trigger, 
 		auto, global = true, ForcedReductionPercent
 	}
 	d.Percent = percent(d.Prev, p.ContextWindow)
-	d.Threshold = p.EffectiveThreshold(global, log)
+	d.Threshold, valid = p.Threshold(global)
+	d.ThresholdIgnored = !valid
 	over := float64(d.Prev) > d.Allowed
 	d.Condense = auto && !blocked && (d.Percent >= float64(d.Threshold) || over)
 	d.Truncate = over
@@ -66,7 +68,7 @@ func Decide(prev int, p *schema.Profile, g schema.Globals, trig schema.Trigger, 
 // willManageContext): a condense when auto-condense is on and the threshold
 // is reached, or a truncation when the context is over the allowed size.
 func WillManage(prev int, p *schema.Profile, g schema.Globals) bool {
-	d := Decide(prev, p, g, schema.TriggerAuto, false, nil)
+	d := Decide(prev, p, g, schema.TriggerAuto, false)
 	return d.Condense || d.Truncate
 }
 

@@ -6,30 +6,35 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-func TestEffectiveThreshold(t *testing.T) {
-	// The seeds' profile thresholds table: -1 or absent inherits, 5..100 is
-	// used, anything else falls back to the global (no clamping).
+// Decide resolves the profile's threshold as the seeds' table says: -1 or
+// absent inherits, 5..100 is used, anything else falls back to the global
+// (no clamping) and is flagged for the caller to warn about.
+func TestDecideThreshold(t *testing.T) {
 	const global = 75
 	cases := []struct {
-		name string
-		v    *int
-		want int
+		name    string
+		v       *int
+		want    int
+		ignored bool
 	}{
-		{"absent inherits", nil, global},
-		{"-1 inherits", intp(-1), global},
-		{"min 5 used", intp(5), 5},
-		{"max 100 used", intp(100), 100},
-		{"60 used", intp(60), 60},
-		{"4 falls back", intp(4), global},
-		{"0 falls back", intp(0), global},
-		{"101 falls back", intp(101), global},
-		{"-2 falls back", intp(-2), global},
+		{"absent inherits", nil, global, false},
+		{"-1 inherits", intp(-1), global, false},
+		{"min 5 used", intp(5), 5, false},
+		{"max 100 used", intp(100), 100, false},
+		{"60 used", intp(60), 60, false},
+		{"4 falls back", intp(4), global, true},
+		{"0 falls back", intp(0), global, true},
+		{"101 falls back", intp(101), global, true},
+		{"-2 falls back", intp(-2), global, true},
 	}
+	g := schema.Globals{AutoCondense: true, AutoCondensePercent: global}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := schema.Profile{ID: "p", ContextWindow: 1000, CondenseThreshold: c.v}
-			if got := p.EffectiveThreshold(global, nil); got != c.want {
-				t.Fatalf("threshold = %d, want %d", got, c.want)
+			for _, trig := range []schema.Trigger{schema.TriggerAuto, schema.TriggerManual} {
+				if d := Decide(500, &p, g, trig, false); d.Threshold != c.want || d.ThresholdIgnored != c.ignored {
+					t.Fatalf("%s: threshold = %d, ignored = %v; want %d, %v", trig, d.Threshold, d.ThresholdIgnored, c.want, c.ignored)
+				}
 			}
 		})
 	}
@@ -88,7 +93,7 @@ func TestDecide(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			d := Decide(c.prev, &c.p, g, c.trig, c.blocked, nil)
+			d := Decide(c.prev, &c.p, g, c.trig, c.blocked)
 			if d.Condense != c.condense || d.Truncate != c.trunc {
 				t.Fatalf("condense=%v truncate=%v, want %v %v (%+v)", d.Condense, d.Truncate, c.condense, c.trunc, d)
 			}

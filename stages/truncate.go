@@ -5,9 +5,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/ctxpipe/ctxpipe/llm"
-
 	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/textfacts"
 )
 
 // TruncateFraction of the visible history is hidden by one truncation.
@@ -27,11 +26,11 @@ const (
 // hiddenFacts is what a truncation marker says of the messages it hides,
 // mechanically and briefly, so that a truncation does not drop them
 // unseen: the files their tool calls touched (all of them, grouped by
-// directory past the bound: llm.FileItems) and the last error lines of
+// directory past the bound: textfacts.FileItems) and the last error lines of
 // their tool results ("" when there are none). Each line is bounded.
 func hiddenFacts(msgs []schema.Message) string {
 	var b strings.Builder
-	if files := llm.MarkerFiles(llm.FilesTouched(msgs), maxMarkerFilesChars); files != "" {
+	if files := textfacts.MarkerFiles(textfacts.FilesTouched(msgs), maxMarkerFilesChars); files != "" {
 		b.WriteString("\n" + files)
 	}
 	var errs []string
@@ -41,7 +40,7 @@ func hiddenFacts(msgs []schema.Message) string {
 			if blocks[j].Type != schema.BlockToolResult || blocks[j].Content == nil {
 				continue
 			}
-			if l := llm.LastErrorLine(contentText(*blocks[j].Content)); l != "" && !slices.Contains(errs, l) {
+			if l := textfacts.LastErrorLine(contentText(*blocks[j].Content)); l != "" && !slices.Contains(errs, l) {
 				errs = append(errs, l)
 			}
 		}

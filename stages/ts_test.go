@@ -9,9 +9,8 @@ import (
 )
 
 // Turns may carry any ts from 1 to MaxInt64: the summaries and markers
-// placed beside them must too, not 0 or a wrapped-around negative (an
-// outside campaign stored a fresh_start summary at MinInt64 and a
-// keep_tail one at 0).
+// placed beside them must too, never 0 or a wrapped-around negative, under
+// every strategy.
 func TestSummaryAndMarkerTimestampsAtTheEnds(t *testing.T) {
 	ends := map[string]func(i int) int64{
 		"every ts 1":        func(int) int64 { return 1 },

@@ -8,10 +8,10 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// Issue 7: a profile with fudge_factor 1e18 stored MinInt64 tokens for every
-// message, because the float product was converted to int past its range.
-// Profile validation now refuses such a factor; the counter does not rely on
-// that and saturates at MaxCount whatever it is given.
+// A float product converted to int past its range would be MinInt64 (a
+// fudge_factor of 1e18 times any count). Profile validation refuses such a
+// factor; the counter does not rely on that and saturates at MaxCount
+// whatever it is given.
 func TestCountsSaturate(t *testing.T) {
 	huge := counterFunc(func(string) int { return math.MaxInt })
 	negative := counterFunc(func(string) int { return -7 })

@@ -24,7 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
-	"github.com/ctxpipe/ctxpipe/llm"
+	"github.com/ctxpipe/ctxpipe/condense"
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/stages"
@@ -182,7 +182,7 @@ func (s *Service) start(ctx context.Context, whileDown func()) (err error) {
 	}
 	summarizer := c.summarizer
 	if summarizer == nil {
-		summarizer = llm.NewRouter(llm.Config{}, c.log) // no endpoint: the offline condenser
+		summarizer = condense.NewRouter(condense.Config{}, c.log) // no endpoint: the offline condenser
 	}
 	engine := stages.NewEngine(summarizer)
 	engine.Globals = schema.Globals{AutoCondense: true, AutoCondensePercent: Threshold}

@@ -111,21 +111,21 @@ type row struct {
 }
 
 var rows = []row{
-	{"pipeline vs raw consume+ack, same run (issue 9 goal 1: ≥ 0.20)",
+	{"pipeline vs raw consume+ack, same run (goal ≥ 0.20)",
 		"go test -run '^$' -bench PipelineVsRaw -benchtime 3x ./pipeline/",
 		func(r results) string {
 			return fmt.Sprintf("%s turns/s, %s of raw (raw %s turns/s)",
 				r.span("BenchmarkPipelineVsRaw", "pipeline-turns/s", "int"), r.span("BenchmarkPipelineVsRaw", "pipeline/raw", "%.2f"),
 				r.span("BenchmarkPipelineVsRaw", "raw-turns/s", "int"))
 		}},
-	{"50 conversations × 200 small turns, end to end over TCP (goal 2: 20k/s)",
+	{"50 conversations × 200 small turns, end to end over TCP (goal 20k/s)",
 		"`bin/publisher load --convs 50 --turns 200 --size small --wait`; `-bench EndToEnd ./cmd/publisher/`",
 		func(r results) string {
 			return fmt.Sprintf("%s turns/s end to end; the broker took them at %s turns/s; the same command through JetStream alone (nothing but an ack): %s turns/s",
 				r.span("BenchmarkEndToEnd", "e2e-turns/s", "int"), r.span("BenchmarkEndToEnd", "publish-turns/s", "int"),
 				r.span("BenchmarkEndToEnd", "bare-e2e-turns/s", "int"))
 		}},
-	{"an agent reading after every turn, incremental (`after`), 24 agents (goal 3: 1,000/s, p99 < 10 ms)",
+	{"an agent reading after every turn, incremental (`after`), 24 agents (goal 1,000/s, p99 < 10 ms)",
 		"`bin/publisher load --agent --convs 24 --turns 100 --rate 1000`; `-bench EndToEnd ./cmd/publisher/`",
 		func(r results) string {
 			const b = "BenchmarkEndToEnd"
@@ -133,17 +133,17 @@ var rows = []row{
 				r.span(b, "agent-turns/s", "int"), r.span(b, "p50-ms", "%.1f"), r.span(b, "p99-ms", "%.0f"), r.span(b, "bytes/read", "int"),
 				r.span(b, "full-agent-turns/s", "int"), r.span(b, "full-p99-ms", "%.0f"), r.span(b, "full-bytes/read", "int"))
 		}},
-	{"others' p99 publish→readable while one conversation's LLM stalls 30 s (goal 4: ≤ 2×)",
+	{"others' p99 publish→readable while one conversation's LLM stalls 30 s (goal ≤ 2×)",
 		"go test -run '^$' -bench StalledConversation ./pipeline/",
 		func(r results) string {
 			return fmt.Sprintf("%s× of the unstalled p99", r.span("BenchmarkStalledConversation", "stalled/unstalled", "%.2f"))
 		}},
-	{"per turn at 10,000 vs 10 stored messages (goal 5: ≤ 1.2×)",
+	{"per turn at 10,000 vs 10 stored messages (goal ≤ 1.2×)",
 		"go test -run '^$' -bench HistoryLength -benchtime 300x ./pipeline/",
 		func(r results) string {
 			return r.span("BenchmarkHistoryLength", "10k/10", "%.2f") + "×"
 		}},
-	{"the service's own peak RSS, 24 turns of 4 MiB (goal 6: bounded by configuration)",
+	{"the service's own peak RSS, 24 turns of 4 MiB (goal: bounded by configuration)",
 		"go test -run '^$' -bench ServiceRSS -benchtime 1x ./cmd/consumer/",
 		func(r results) string {
 			const b = "BenchmarkServiceRSS/held=%dMiB"
@@ -156,7 +156,7 @@ var rows = []row{
 	{"decoding the 7.7k real turns",
 		"go test -run '^$' -bench DecodeTranscripts ./schema/",
 		func(r results) string { return r.span("BenchmarkDecodeTranscripts", "MB/s", "%.0f") + " MB/s" }},
-	{"rebuilding a SQLite file from `CTX_STATE` (issue 10: ≥ 50,000 changes/s)",
+	{"rebuilding a SQLite file from `CTX_STATE` (goal ≥ 50,000 changes/s)",
 		"go test -run '^$' -bench Rebuild -benchtime 3x ./pipeline/",
 		func(r results) string {
 			return fmt.Sprintf("%s changes/s (best iteration %s)",

@@ -23,8 +23,8 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// BenchmarkServiceRSS is issue 9's goal 6 with the broker out of the
-// picture: the service runs as its own process (the binary) against a
+// BenchmarkServiceRSS is the service's memory bound with the broker out of
+// the picture: the service runs as its own process (the binary) against a
 // JetStream server in the test process; 24 turns of 4 MiB (96 MiB) across
 // 12 conversations are in CTX_IN when it starts, and the figure is the
 // service process's peak RSS (VmHWM) once it has applied them all, beside

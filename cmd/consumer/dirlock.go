@@ -15,8 +15,8 @@ import (
 // drops it, so a crash leaves nothing to clean up). The instance lock in
 // NATS is per name: two processes given one data dir (the same name, or two
 // names) would otherwise share one SQLite file and one embedded store, and
-// the second would take the name over as if the first had crashed (outside
-// campaign). The file holds the holder's pid, for the message.
+// the second would take the name over as if the first had crashed. The
+// file holds the holder's pid, for the message.
 func lockDataDir(dir string) (release func(), err error) {
 	path := filepath.Join(dir, "LOCK")
 	// Not through a symbolic link: the pid is written into the file.

@@ -7,15 +7,14 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
 // A turn naming a profile id of kilobytes is rejected unknown_profile, and
-// the service goes on serving every tenant. An outside campaign took it
-// down with one such turn: looking the id up in the profiles bucket made a
-// subject longer than the server's control line, the server closed the
-// service's connection, and each redelivery after a restart did it again.
+// the service goes on serving every tenant: looking such an id up in the
+// profiles bucket would make a subject longer than the server's control
+// line, the server would close the service's connection, and each
+// redelivery after a restart would do it again.
 func TestLongProfileIDIsRejected(t *testing.T) {
 	m := mustRunMain(t, t.TempDir())
 	c := connectAs(t, m.ns.ClientURL(), "acme-agent")
@@ -28,7 +27,7 @@ func TestLongProfileIDIsRejected(t *testing.T) {
 		ts++
 		c.publishTurn(bad)
 		_, err := c.history(conv, schema.ViewFull, bad.ID, 20*time.Second)
-		if qe, ok := err.(*schema.QueryErrorBody); !ok || qe.Code != pipeline.QueryInputRejected || !strings.Contains(qe.Message, string(schema.ReasonUnknownProfile)) {
+		if qe, ok := err.(*schema.QueryErrorBody); !ok || qe.Code != schema.QueryInputRejected || !strings.Contains(qe.Message, string(schema.ReasonUnknownProfile)) {
 			t.Fatalf("a %d-byte profile id: %v, want input_rejected (unknown_profile)", n, err)
 		}
 	}

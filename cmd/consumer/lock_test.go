@@ -42,9 +42,9 @@ func TestSecondInstanceIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another process on the same data dir, under the same name or another,
-	// would share one SQLite file (outside campaign: the second took the
-	// name over as if the first had crashed). The data dir's lock refuses
-	// it before it touches anything.
+	// would share one SQLite file, and would take the name over as if the
+	// first had crashed. The data dir's lock refuses it before it touches
+	// anything.
 	for _, name := range []string{"one", "three"} {
 		if _, err := run(name, firstDir); err == nil || !strings.Contains(err.Error(), "in use by another process") {
 			t.Fatalf("a second process named %s on the first's data dir: %v, want a refusal", name, err)

@@ -24,14 +24,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
-	"github.com/ctxpipe/ctxpipe/llm"
+	"github.com/ctxpipe/ctxpipe/condense"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
 // llmEnv are the variables that would point the service at a real LLM. The
 // tests clear them so the offline condenser runs, whatever the machine has.
-var llmEnv = []string{llm.EnvBaseURL, llm.EnvOpenAIBaseURL, llm.EnvModel, llm.EnvAPIKeyEnv,
-	llm.EnvTimeout, llm.EnvMaxAttempts, llm.EnvRetryBudget}
+var llmEnv = []string{condense.EnvBaseURL, condense.EnvOpenAIBaseURL, condense.EnvModel, condense.EnvAPIKeyEnv,
+	condense.EnvTimeout, condense.EnvMaxAttempts, condense.EnvRetryBudget}
 
 // testLogger sends the service's warnings and errors to the test log, so a
 // failure shows what the service said.

@@ -26,11 +26,10 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/condense"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
 	"github.com/ctxpipe/ctxpipe/internal/openaitest"
 	"github.com/ctxpipe/ctxpipe/internal/transcripts"
-	"github.com/ctxpipe/ctxpipe/llm"
-	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/store"
 )
@@ -121,7 +120,7 @@ func awaitApplied(ctx context.Context, c *client, tn schema.Turn, limit time.Dur
 		switch {
 		case err == nil:
 			return nil
-		case isQueryCode(err, pipeline.QueryInputRejected):
+		case isQueryCode(err, schema.QueryInputRejected):
 			return fmt.Errorf("input %s of %s rejected: %w", tn.ID, tn.ConversationID, err)
 		case time.Now().After(until) || ctx.Err() != nil:
 			return fmt.Errorf("input %s of %s not applied after %v: %w", tn.ID, tn.ConversationID, limit, err)
@@ -435,7 +434,7 @@ func scaleLoad(t *testing.T, n, perConv int) []schema.Turn {
 	return out
 }
 
-// TestScaleOutFailover is issue 10's failover test. It runs 3 consumer
+// TestScaleOutFailover is the failover test. It runs 3 consumer
 // instances (the real binary) on a 3-node cluster at R3 with CTX_IN in 8
 // partitions, feeds them 12 real transcripts of one tenant (condensing
 // through a summarizer that takes 50 ms), and while the load flows
@@ -507,7 +506,7 @@ func testScaleOutFailover(t *testing.T, standby int) {
 		rep.Delay = 50 * time.Millisecond
 		return rep
 	})
-	r.env = []string{llm.EnvBaseURL + "=" + ai.URL(), llm.EnvModel + "=slow-test-model"}
+	r.env = []string{condense.EnvBaseURL + "=" + ai.URL(), condense.EnvModel + "=slow-test-model"}
 	profiles := filepath.Join(r.dir, "profiles.json")
 	if err := os.WriteFile(profiles, []byte(`[{"id":"crash","context_window":6000,"max_tokens":600,
 		"condense_threshold":50,"strategy":"keep_tail"}]`), 0o644); err != nil {
@@ -809,7 +808,7 @@ func testScaleOutFailover(t *testing.T, standby int) {
 			}
 		}
 		t.Logf("verifying %s's SQLite: partitions %v, %d conversations", in, held, len(sub))
-		f := verifyInstance(ctx, t, in.db(), subOrder, sub, subStream)
+		f := verifyStored(ctx, t, in.db(), subOrder, sub, subStream, false)
 		fig.events += f.events
 		fig.condenses += f.condenses
 		fig.truncations += f.truncations
@@ -937,117 +936,6 @@ func readEventsBySeq(ctx context.Context, t *testing.T, js jetstream.JetStream) 
 		out = append(out, streamEvent{msgID: m.Header.Get(jetstream.MsgIDHeader), ev: ev})
 	}
 	return out
-}
-
-// verifyInstance is crashRig.verify with CTX_EVENTS read beforehand: the
-// SQLite file at dbPath (no consumer running) holds every published turn of
-// byConv's conversations exactly once and in publish order, every input
-// applied, and exactly their events on the stream (onStream, theirs only),
-// each once there, with its id as Nats-Msg-Id, each conversation's
-// decisions in commit order.
-func verifyInstance(ctx context.Context, t *testing.T, dbPath string, order []schema.Turn, byConv map[string][]schema.Turn, onStream []streamEvent) crashFigures {
-	t.Helper()
-	if n := appliedCount(t, dbPath, order); n != len(order) {
-		t.Fatalf("%d of %d inputs applied", n, len(order))
-	}
-	st, err := store.Open(ctx, dbPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	convs, err := st.Conversations(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A file may also hold conversations of partitions its instance held
-	// for a while (history is never deleted): those are not checked.
-	for key := range byConv {
-		if !slices.Contains(convs, key) {
-			t.Fatalf("%s not stored; stored: %v", key, convs)
-		}
-	}
-	var fig crashFigures
-	dbEvents := map[string]bool{}
-	dbOrder := map[string][]string{} // per conversation, without context_managing
-	for conv, turns := range byConv {
-		msgs, err := st.Messages(ctx, conv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pos := map[string]int{}
-		for i, tn := range turns {
-			pos[fmt.Sprintf("%s@%d", tn.ID, tn.TS)] = i
-		}
-		var got []int // publish positions of the stored turns, in stored order
-		for _, m := range msgs {
-			if m.Synthetic() {
-				continue
-			}
-			i, ok := pos[fmt.Sprintf("%s@%d", m.ID, m.TS)]
-			if !ok {
-				t.Fatalf("%s: stored message %s@%d was never published", conv, m.ID, m.TS)
-			}
-			got = append(got, i)
-		}
-		if len(got) != len(turns) || !slices.IsSorted(got) || !uniqueInts(got) {
-			t.Fatalf("%s: stored turns, by publish position, are %v; want 0..%d each once in order", conv, got, len(turns)-1)
-		}
-		evs, err := st.Events(ctx, conv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range evs {
-			h := e.Header()
-			if dbEvents[h.ID] {
-				t.Fatalf("event %s stored twice", h.ID)
-			}
-			dbEvents[h.ID] = true
-			switch h.Type {
-			case schema.EventContextManaging:
-				continue
-			case schema.EventCondenseContext:
-				fig.condenses++
-			case schema.EventSlidingWindowTruncation:
-				fig.truncations++
-			case schema.EventInputRejected:
-				t.Fatalf("input rejected: %+v", e)
-			}
-			dbOrder[conv] = append(dbOrder[conv], h.ID)
-		}
-	}
-	if fig.condenses == 0 {
-		t.Fatal("no condense_context event: the test did not exercise condensing")
-	}
-	seen := map[string]bool{}
-	streamOrder := map[string][]string{}
-	for _, se := range onStream {
-		h := se.ev.Header()
-		if se.msgID != h.ID {
-			t.Fatalf("Nats-Msg-Id %q on event %s", se.msgID, h.ID)
-		}
-		if seen[h.ID] {
-			t.Fatalf("event %s (%s) appears twice on %s", h.ID, h.Type, bus.StreamEvents)
-		}
-		seen[h.ID] = true
-		if !dbEvents[h.ID] {
-			t.Fatalf("event %s (%s) is on the stream but not in SQLite", h.ID, h.Type)
-		}
-		// context_managing is also published directly when a condense
-		// starts, so it may come before earlier decisions' outbox rows.
-		if h.Type != schema.EventContextManaging {
-			streamOrder[h.ConversationID] = append(streamOrder[h.ConversationID], h.ID)
-		}
-	}
-	if len(seen) != len(dbEvents) {
-		t.Fatalf("%d events on the stream, %d in SQLite", len(seen), len(dbEvents))
-	}
-	for conv, want := range dbOrder {
-		if !reflect.DeepEqual(streamOrder[conv], want) {
-			t.Fatalf("%s: events on the stream in another order than committed", conv)
-		}
-	}
-	fig.events = len(onStream)
-	return fig
 }
 
 // eventIDs is each event's id and type, in stored order.

@@ -24,8 +24,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/condense"
 	"github.com/ctxpipe/ctxpipe/dashboard"
-	"github.com/ctxpipe/ctxpipe/llm"
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/stages"
@@ -279,8 +280,8 @@ func (m *Main) Run(ctx context.Context) error {
 	if _, err := tokens.O200K(); err != nil {
 		return err
 	}
-	llmCfg := llm.ConfigFromEnv()
-	engine := stages.NewEngine(llm.NewRouter(llmCfg, log))
+	llmCfg := condense.ConfigFromEnv()
+	engine := stages.NewEngine(condense.NewRouter(llmCfg, log))
 	engine.Globals, engine.Log = c.Globals, log
 	engine.Progress = pipeline.ProgressPublisher(js, log)
 	for _, st := range m.stores.Files() {
@@ -381,7 +382,7 @@ func (m *Main) lock(ctx context.Context, js jetstream.JetStream, runCtx context.
 	// cluster still placing the lock bucket's peers, no quorum) is waited
 	// out like the other start steps.
 	var l *pipeline.InstanceLock
-	backoff := 250 * time.Millisecond
+	retries := backoff.New(backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second})
 	for start := time.Now(); ; {
 		l, err = pipeline.AcquireLock(ctx, js, m.Config.Name, pipeline.Holder{Host: host, DataDir: dir, PID: os.Getpid(), CatchingUp: true}, m.Config.Replicas, m.Log)
 		if err == nil {
@@ -390,13 +391,11 @@ func (m *Main) lock(ctx context.Context, js jetstream.JetStream, runCtx context.
 		if errors.Is(err, pipeline.ErrLockHeld) || ctx.Err() != nil || time.Since(start) > time.Minute {
 			return nil, err
 		}
-		m.Log.Warn("cannot take the instance lock yet; retrying", "err", err, "retry_in", backoff)
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(backoff):
+		wait := retries.Next()
+		m.Log.Warn("cannot take the instance lock yet; retrying", "err", err, "retry_in", wait)
+		if err := backoff.Sleep(ctx, wait); err != nil {
+			return nil, err
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
 	go func() {
 		if err := l.Hold(runCtx); err != nil {

@@ -17,8 +17,8 @@ import (
 	"time"
 )
 
-// BenchmarkEndToEnd is issue 9's goals 2 and 3 as `make bench` reports
-// them: the service binary on its embedded defaults (NATS JetStream in its
+// BenchmarkEndToEnd is the end-to-end throughput and latency as `make
+// bench` reports them: the service binary on its embedded defaults (NATS JetStream in its
 // process, SQLite, the offline condenser) and this command in the test
 // process, over TCP, as the README's commands run them, each figure beside
 // its anchor from the same run.

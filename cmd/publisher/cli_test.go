@@ -19,7 +19,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
-	"github.com/ctxpipe/ctxpipe/client"
 	"github.com/ctxpipe/ctxpipe/client/clienttest"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -424,8 +423,8 @@ func TestControlInputs(t *testing.T) {
 }
 
 // By default a control command waits for the input's outcome: a rejection
-// exits 1 with its reason (outside campaign: "published", exit 0, for a
-// rewind the service rejected unknown_target).
+// exits 1 with its reason (a rewind the service rejects unknown_target
+// does not say "published" and exit 0).
 func TestControlWaitsForTheOutcome(t *testing.T) {
 	e := newEnv(t)
 	sub, err := e.nc.QueueSubscribe(schema.SubjectHistory, bus.QueueGroup, func(m *nats.Msg) {
@@ -448,7 +447,7 @@ func TestControlWaitsForTheOutcome(t *testing.T) {
 			_ = m.Respond(schema.MarshalQueryError(schema.QueryBadRequest, "wait_for is no input sent"))
 			return
 		case string(schema.KindRewind):
-			_ = m.Respond(schema.MarshalQueryError(client.CodeInputRejected, "input "+req.WaitFor+" was rejected: unknown_target"))
+			_ = m.Respond(schema.MarshalQueryError(schema.QueryInputRejected, "input "+req.WaitFor+" was rejected: unknown_target"))
 			return
 		}
 		b, _ := schema.Marshal(schema.HistoryReply{ConversationID: req.ConversationID, View: schema.ViewEffective, Messages: make([]schema.Message, 1)})

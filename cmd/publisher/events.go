@@ -29,12 +29,8 @@ func runFollow(ctx context.Context, c *cli, args []string) error {
 	asJSON := fs.Bool("json", false, "print each event's raw JSON")
 	since := fs.Duration("since", 0, "start with the events of the last DURATION")
 	all := fs.Bool("all", false, "start with every stored event")
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected arguments %q", pos)
 	}
 	if *conv != "" {
 		if err := requireConv(*conv); err != nil {

@@ -198,9 +198,9 @@ func TestPrepare(t *testing.T) {
 		})
 	}
 	// Publishing the file again, later, to the same other conversation
-	// sends the same ids (the service keeps one copy); to a third one,
-	// other ids (outside campaign: re-publishing the README's sample into
-	// --conv demo stored it twice).
+	// sends the same ids (the service keeps one copy: publishing the
+	// README's sample into --conv demo twice stores it once); to a third
+	// one, other ids.
 	a, errA := Prepare(tr, PrepareOptions{Conv: "c2", Now: 1_000_000})
 	b, errB := Prepare(tr, PrepareOptions{Conv: "c2", Now: 2_000_000})
 	c, errC := Prepare(tr, PrepareOptions{Conv: "c3", Now: 1_000_000})
@@ -313,8 +313,8 @@ func TestSampleSession(t *testing.T) {
 	}
 }
 
-// A turns file's errors name the line to fix, blank lines and all (outside
-// campaign: "turn 3" for a bad line 6).
+// A turns file's errors name the line to fix, blank lines and all: a bad
+// line 6 that holds turn 3 is "line 6 (turn 3)".
 func TestTurnsErrorsNameTheLine(t *testing.T) {
 	for _, tc := range []struct{ name, data, want string }{
 		{"broken JSON", "{\"role\":\"user\",\"content\":\"a\"}\n\n\n{\"role\":\"assistant\",\"content\":\"b\"}\n\n{\"role\":\"user\",\"content\":\"c\"\n", "line 6 (turn 3)"},

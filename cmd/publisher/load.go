@@ -31,12 +31,8 @@ func runLoad(ctx context.Context, c *cli, args []string) error {
 	sample := fs.Int("sample", 0, "with --wait, also time publish → readable for every Nth turn (0: only each conversation's last)")
 	agent := fs.Bool("agent", false, "the agent workload: each conversation publishes a turn, reads its effective history holding it, then publishes the next; times publish → readable for every turn")
 	fullReads := fs.Bool("full-reads", false, "with --agent, read the whole effective history every time instead of only what was appended since the last read")
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return usagef("unexpected arguments %q", pos)
 	}
 	if *convs < 1 || *turns < 1 {
 		return usagef("--convs and --turns must be at least 1")
@@ -161,8 +157,8 @@ const (
 
 // source is where the load's turns come from. As fast as acks allow (rate
 // 0), turns are generated before the clock starts, as many as the bounds
-// above let: generating them took half the command's CPU, which on a
-// machine shared with the service is taken from what is measured.
+// above let: generating them costs CPU that, on a machine shared with the
+// service, would be taken from what is measured (operations.md, section 7).
 func (w *workload) source(stderr io.Writer, rate float64) source {
 	return w.sourceWithin(stderr, rate, pregenerateBytes)
 }

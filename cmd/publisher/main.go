@@ -198,15 +198,23 @@ func requireConv(conv string) error {
 	return nil
 }
 
-// parseConv parses a command that takes flags only, one of them the
-// required --conv.
-func parseConv(fs *flag.FlagSet, args []string, conv *string) error {
+// parseFlags parses a command that takes flags only.
+func parseFlags(fs *flag.FlagSet, args []string) error {
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) > 0 {
 		return usagef("unexpected arguments %q", pos)
+	}
+	return nil
+}
+
+// parseConv parses a command that takes flags only, one of them the
+// required --conv.
+func parseConv(fs *flag.FlagSet, args []string, conv *string) error {
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	return requireConv(*conv)
 }

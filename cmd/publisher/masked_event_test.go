@@ -10,7 +10,7 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// tool_results_masked (issue 13) in follow and plot.
+// tool_results_masked in follow and plot.
 func TestFollowShowsMasking(t *testing.T) {
 	ts := time.Date(2025, 6, 15, 12, 1, 2, 0, time.UTC).UnixMilli()
 	h := func(typ schema.EventType) schema.EventHeader {

@@ -246,9 +246,9 @@ func (p *publisher) run(ctx context.Context, next source) (pubStats, error) {
 	var sendErr error
 	// A failed async publish is retried (await); had the conversation's
 	// next turns been sent meanwhile, they would be stored before it, and a
-	// tool_result stored before its call is rejected (outside campaign: a
-	// broker restart under load did that, silently). inOrder keeps one
-	// turn per conversation in flight; conversations still go in parallel.
+	// tool_result stored before its call is rejected (a broker restart
+	// under load makes such retries). inOrder keeps one turn per
+	// conversation in flight; conversations still go in parallel.
 	last := map[string]chan struct{}{}
 	for i := 0; ; i++ {
 		t, ok := next()

@@ -42,14 +42,7 @@ func runControl(kind schema.InputKind) func(context.Context, *cli, []string) err
 		}
 		wait := fs.Bool("wait", true, "wait until ctxpipe has applied the input, and fail (exit 1) if it was rejected")
 		waitTimeout := fs.Duration("wait-timeout", 30*time.Second, "how long --wait waits")
-		pos, err := parse(fs, args)
-		if err != nil {
-			return err
-		}
-		if len(pos) > 0 {
-			return usagef("unexpected arguments %q", pos)
-		}
-		if err := requireConv(*conv); err != nil {
+		if err := parseConv(fs, args, conv); err != nil {
 			return err
 		}
 		in := schema.Input{Kind: kind, ID: uuid.NewString(), TS: time.Now().UnixMilli()}
@@ -143,12 +136,7 @@ func runHistory(ctx context.Context, c *cli, args []string) error {
 		return queryFailed(err)
 	}
 	if *asJSON {
-		b, err := schema.Marshal(h)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(c.stdout, "%s\n", b)
-		return err
+		return c.printJSON(h)
 	}
 	printHistory(c.stdout, h)
 	return nil
@@ -239,12 +227,7 @@ func runStatus(ctx context.Context, c *cli, args []string) error {
 		return queryFailed(err)
 	}
 	if *asJSON {
-		b, err := schema.Marshal(s)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(c.stdout, "%s\n", b)
-		return err
+		return c.printJSON(s)
 	}
 	fmt.Fprintf(c.stdout, "conversation   %s\nprofile        %s\ncontext        %s / %s tokens (%.1f%%; allowed %s, threshold %d%%)\n"+
 		"messages       %d (%d hidden)\ncondensations  %d\ntruncations    %d\n",
@@ -276,5 +259,15 @@ func queryFailed(err error) error {
 	if errors.As(err, &qe) || errors.As(err, &rej) {
 		return fmt.Errorf("%w: %w", errQueryFailed, err)
 	}
+	return err
+}
+
+// printJSON writes v's JSON on one line of stdout (the --json output).
+func (c *cli) printJSON(v any) error {
+	b, err := schema.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(c.stdout, "%s\n", b)
 	return err
 }

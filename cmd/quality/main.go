@@ -10,7 +10,7 @@
 //	    [--jobs N] [--format text|markdown] [--json] [--base-url URL --model M]
 //
 // It condenses with the offline extractive condenser unless an endpoint is
-// given by flag or by CTXPIPE_LLM_* (see llm.ConfigFromEnv).
+// given by flag or by CTXPIPE_LLM_* (see condense.ConfigFromEnv).
 package main
 
 import (
@@ -29,8 +29,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ctxpipe/ctxpipe/condense"
 	"github.com/ctxpipe/ctxpipe/internal/quality"
-	"github.com/ctxpipe/ctxpipe/llm"
 )
 
 func main() {
@@ -62,8 +62,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	format := fs.String("format", "text", "table format: text or markdown")
 	asJSON := fs.Bool("json", false, "print the figures as JSON instead of a table")
 	detail := fs.Bool("detail", false, "with --json, add every run and reduction")
-	baseURL := fs.String("base-url", "", "OpenAI-compatible endpoint for the summarizer (default $"+llm.EnvBaseURL+")")
-	model := fs.String("model", "", "summarizer model (default $"+llm.EnvModel+")")
+	baseURL := fs.String("base-url", "", "OpenAI-compatible endpoint for the summarizer (default $"+condense.EnvBaseURL+")")
+	model := fs.String("model", "", "summarizer model (default $"+condense.EnvModel+")")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -72,7 +72,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "quality: --format must be text or markdown, not %q\n", *format)
 		return 2
 	}
-	cfg := llm.ConfigFromEnv()
+	cfg := condense.ConfigFromEnv()
 	if *baseURL != "" {
 		cfg.BaseURL = *baseURL
 	}
@@ -84,7 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "quality: %v\n", err)
 		return 2
 	}
-	condenser := llm.OfflineModel
+	condenser := condense.OfflineModel
 	if cfg.Configured(base) {
 		ep := cfg.Endpoint(base)
 		condenser = ep.Model + " at " + ep.BaseURL
@@ -104,7 +104,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				done, total, r.Row, r.Transcript, r.Turns, len(r.Reductions), time.Since(start).Round(100*time.Millisecond))
 		}
 	}
-	runs, err := quality.ReplayAll(ctx, ts, rows, base, llm.NewRouter(cfg, nil), *jobs, progress)
+	runs, err := quality.ReplayAll(ctx, ts, rows, base, condense.NewRouter(cfg, nil), *jobs, progress)
 	if err != nil {
 		fmt.Fprintf(stderr, "quality: %v\n", err)
 		if errors.Is(err, context.Canceled) {

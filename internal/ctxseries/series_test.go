@@ -8,9 +8,9 @@ import (
 )
 
 // Events that are not reductions at the first (or only) turn leave it its
-// one point: an outside campaign crashed the dashboard's handler and
-// `publisher plot` with a rejected rewind placed by time on a one-turn
-// conversation, and with a first turn whose condense failed.
+// one point: a rejected rewind placed by time on a one-turn conversation,
+// or a first turn whose condense failed, must not crash the dashboard's
+// handler or `publisher plot`.
 func TestSeriesFirstTurnWithoutReduction(t *testing.T) {
 	turn := func(id string, ts int64, tokens int) schema.Message {
 		return schema.Message{Turn: schema.Turn{ID: id, TS: ts, Role: schema.RoleUser}, Tokens: tokens}

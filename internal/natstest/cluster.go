@@ -206,10 +206,7 @@ func (c *Cluster) Kill(i int) {
 // index.
 func (c *Cluster) KillByName(name string) int {
 	c.t.Helper()
-	i := c.Index(name)
-	if i < 0 {
-		c.t.Fatalf("natstest: no node named %q", name)
-	}
+	i := c.mustIndex(name)
 	c.Kill(i)
 	return i
 }
@@ -218,11 +215,18 @@ func (c *Cluster) KillByName(name string) int {
 // consumer leader is reported) and returns its index.
 func (c *Cluster) ShutdownByName(name string) int {
 	c.t.Helper()
+	i := c.mustIndex(name)
+	c.Shutdown(i)
+	return i
+}
+
+// mustIndex is Index, failing the test when no node has the name.
+func (c *Cluster) mustIndex(name string) int {
+	c.t.Helper()
 	i := c.Index(name)
 	if i < 0 {
 		c.t.Fatalf("natstest: no node named %q", name)
 	}
-	c.Shutdown(i)
 	return i
 }
 
@@ -269,13 +273,6 @@ func (c *Cluster) startNode(i int) error {
 // or "" when there is none.
 func (c *Cluster) MetaLeader() string {
 	return c.find(func(s *server.Server) bool { return s.JetStreamIsLeader() })
-}
-
-// WaitMetaLeader waits until the JetStream meta group has a leader, and
-// returns its name.
-func (c *Cluster) WaitMetaLeader() string {
-	c.t.Helper()
-	return c.wait("meta leader", c.MetaLeader)
 }
 
 // StreamLeader returns the name of the node leading the stream (in the

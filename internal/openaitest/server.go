@@ -92,15 +92,14 @@ type Option func(*Server)
 // still recorded.
 func WithAPIKey(key string) Option { return func(s *Server) { s.apiKey = key } }
 
-// WithDefaultModel sets the model reported when neither the Reply nor the
+// defaultModel is the model reported when neither the Reply nor the
 // request names one.
-func WithDefaultModel(model string) Option { return func(s *Server) { s.defaultModel = model } }
+const defaultModel = "openaitest-model"
 
 // Server is the fake OpenAI endpoint. It is safe for concurrent use.
 type Server struct {
-	srv          *httptest.Server
-	apiKey       string
-	defaultModel string
+	srv    *httptest.Server
+	apiKey string
 
 	mu       sync.Mutex
 	queue    []Reply
@@ -112,7 +111,7 @@ type Server struct {
 // New starts a server and closes it when the test ends.
 func New(t testing.TB, opts ...Option) *Server {
 	t.Helper()
-	s := &Server{defaultModel: "openaitest-model"}
+	s := &Server{}
 	for _, o := range opts {
 		o(s)
 	}
@@ -232,7 +231,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		model = rec.Chat.Model
 	}
 	if model == "" {
-		model = s.defaultModel
+		model = defaultModel
 	}
 	usage := wireUsage{PromptTokens: reply.PromptTokens, CompletionTokens: reply.CompletionTokens}
 	if usage.PromptTokens == 0 {

@@ -8,7 +8,7 @@ import (
 	"unicode"
 
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/stages"
+	"github.com/ctxpipe/ctxpipe/textfacts"
 )
 
 // Facts are what a reduction must not lose, pulled mechanically out of a
@@ -241,11 +241,11 @@ var standInError = regexp.MustCompile(`; last error: (.*)\. Run the call again t
 // error, in order: lines matching errorLine that are neither source code
 // nor traceback boilerplate.
 //
-// A masked stand-in (stages.MaskPrefix) is one line that names the call and
+// A masked stand-in (textfacts.MaskPrefix) is one line that names the call and
 // quotes the last error line of the output it replaced: that quoted line is
 // its error line, not the stand-in itself.
 func ErrorLines(out string) []string {
-	if strings.HasPrefix(out, stages.MaskPrefix) {
+	if strings.HasPrefix(out, textfacts.MaskPrefix) {
 		if m := standInError.FindStringSubmatch(out); m != nil {
 			return []string{Normalize(m[1])}
 		}

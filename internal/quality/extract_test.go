@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/stages"
+	"github.com/ctxpipe/ctxpipe/textfacts"
 )
 
 // Builders for hand-made histories.
@@ -155,8 +155,8 @@ func TestErrorLinesOfStandIns(t *testing.T) {
 		out  string
 		want []string
 	}{
-		{stages.MaskPrefix + `bash command="make"; 90 tokens, 4 lines hidden; last error: make: *** [all]  Error 2. Run the call again to see it.]`, []string{"make: *** [all] Error 2"}},
-		{stages.MaskPrefix + `read_file path="a.go"; 90 tokens, 4 lines hidden; it reported an error. Run the call again to see it.]`, nil},
+		{textfacts.MaskPrefix + `bash command="make"; 90 tokens, 4 lines hidden; last error: make: *** [all]  Error 2. Run the call again to see it.]`, []string{"make: *** [all] Error 2"}},
+		{textfacts.MaskPrefix + `read_file path="a.go"; 90 tokens, 4 lines hidden; it reported an error. Run the call again to see it.]`, nil},
 	}
 	for _, tt := range tests {
 		if got := ErrorLines(tt.out); !reflect.DeepEqual(got, tt.want) {

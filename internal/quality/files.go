@@ -6,7 +6,7 @@ import (
 )
 
 // Files a tool call names: the measure behind "files kept". It is written
-// apart from llm's extraction on purpose, from the shell's own rules, so
+// apart from textfacts' extraction on purpose, from the shell's own rules, so
 // that the table can catch that extraction missing a file.
 
 // commandKeys are tool-input keys whose value is a shell command: a string,

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/ctxpipe/ctxpipe/llm"
+	"github.com/ctxpipe/ctxpipe/condense"
 )
 
 func TestShellWords(t *testing.T) {
@@ -88,7 +88,7 @@ func TestEveryTouchedFileKept(t *testing.T) {
 		}
 	}
 	rows := Rows()
-	runs, err := ReplayAll(context.Background(), ts, rows, BaseProfile(32000, 70), &llm.Offline{}, 2, nil)
+	runs, err := ReplayAll(context.Background(), ts, rows, BaseProfile(32000, 70), &condense.Offline{}, 2, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,8 +5,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/ctxpipe/ctxpipe/llm"
 	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/textfacts"
 )
 
 // Count is how many facts of one kind a hidden span held and how many of
@@ -149,14 +149,14 @@ func countFiles(h Haystack, after []schema.Message, files []string) (c Count, lo
 	if len(files) == 0 {
 		return c, nil
 	}
-	var listed []llm.FileTouch
+	var listed []textfacts.FileTouch
 	for i := range after {
 		if after[i].Synthetic() {
-			listed = append(listed, llm.ListedFiles(after[i].Content.OwnText("\n"))...)
+			listed = append(listed, textfacts.ListedFiles(after[i].Content.OwnText("\n"))...)
 		}
 	}
 	for _, p := range files {
-		if strings.Contains(h.Norm, p) || slices.ContainsFunc(listed, func(f llm.FileTouch) bool { return f.Covers(p) }) {
+		if strings.Contains(h.Norm, p) || slices.ContainsFunc(listed, func(f textfacts.FileTouch) bool { return f.Covers(p) }) {
 			c.Kept++
 		} else {
 			lost = append(lost, p)

@@ -4,8 +4,8 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/ctxpipe/ctxpipe/llm"
 	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/textfacts"
 )
 
 const task = "Fix the crash in src/app.py when the key is missing."
@@ -129,7 +129,7 @@ func TestMeasureFiles(t *testing.T) {
 	withSummary := func(s string) []schema.Message {
 		return append(pick(run, "u0"), append([]schema.Message{summary("s", s)}, pick(run, "a4", "u4")...)...)
 	}
-	mark := msg("t", schema.RoleUser, text("[Sliding window truncation: 6 messages hidden to reduce context]\n"+llm.MarkerFilesHeading+" src/** (read; 2 files)"))
+	mark := msg("t", schema.RoleUser, text("[Sliding window truncation: 6 messages hidden to reduce context]\n"+textfacts.MarkerFilesHeading+" src/** (read; 2 files)"))
 	mark.IsTruncationMarker = true
 	cases := []struct {
 		name  string
@@ -139,12 +139,12 @@ func TestMeasureFiles(t *testing.T) {
 	}{
 		{"named by nothing", withSummary("Fixed it."), Count{2, 1}, []string{"src/config.py"}},
 		{"named verbatim", withSummary("Edited src/app.py after reading src/config.py."), Count{2, 2}, nil},
-		{"a list, one per line", withSummary(llm.FilesTouchedHeading + "\n- src/app.py (edited)\n- src/config.py (read)"), Count{2, 2}, nil},
-		{"a braced list", withSummary(llm.FilesTouchedHeading + "\n- src/{app.py,config.py} (read)"), Count{2, 2}, nil},
-		{"a group", withSummary(llm.FilesTouchedHeading + "\n- src/** (edited; 2 files)"), Count{2, 2}, nil},
-		{"another directory's group", withSummary(llm.FilesTouchedHeading + "\n- lib/** (edited; 2 files)"), Count{2, 1}, []string{"src/config.py"}},
+		{"a list, one per line", withSummary(textfacts.FilesTouchedHeading + "\n- src/app.py (edited)\n- src/config.py (read)"), Count{2, 2}, nil},
+		{"a braced list", withSummary(textfacts.FilesTouchedHeading + "\n- src/{app.py,config.py} (read)"), Count{2, 2}, nil},
+		{"a group", withSummary(textfacts.FilesTouchedHeading + "\n- src/** (edited; 2 files)"), Count{2, 2}, nil},
+		{"another directory's group", withSummary(textfacts.FilesTouchedHeading + "\n- lib/** (edited; 2 files)"), Count{2, 1}, []string{"src/config.py"}},
 		{"a marker's group", append(pick(run, "u0"), mark, run[7], run[8]), Count{2, 2}, nil},
-		{"a list in the agent's own words is not one", append(pick(run, "u0"), msg("x", schema.RoleUser, text(llm.FilesTouchedHeading+"\n- src/** (read; 2 files)")), run[7], run[8]), Count{2, 1}, []string{"src/config.py"}},
+		{"a list in the agent's own words is not one", append(pick(run, "u0"), msg("x", schema.RoleUser, text(textfacts.FilesTouchedHeading+"\n- src/** (read; 2 files)")), run[7], run[8]), Count{2, 1}, []string{"src/config.py"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -174,7 +174,7 @@ func TestBrokenToolPairs(t *testing.T) {
 	run := agentRun()
 	tagged := func(m schema.Message) schema.Message { m.CondenseParent = "s"; return m }
 	// orphan: u2 is stored untagged, but its call a2 is hidden, so the
-	// effective history dropped the result (issue 13, defect 6).
+	// effective history drops the result.
 	orphanFull := append([]schema.Message(nil), run...)
 	orphanFull[3] = tagged(orphanFull[3])
 	// a truncation that hid u1 and everything after u2, but not a1.

@@ -19,7 +19,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/ctxpipe/ctxpipe/llm"
+	"github.com/ctxpipe/ctxpipe/condense"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/stages"
 	"github.com/ctxpipe/ctxpipe/tokens"
@@ -102,7 +102,7 @@ type Row struct {
 // Rows are the reductions the engine offers: the three condense strategies,
 // observation masking alone (auto-condense off: masking, then truncation
 // when the context is still over the allowed size), and masking first with
-// keep_tail when masking was not enough (issue 13).
+// keep_tail when masking was not enough.
 func Rows() []Row {
 	strategy := func(s schema.Strategy) func(*schema.Profile) {
 		return func(p *schema.Profile) { p.Strategy = s }
@@ -169,12 +169,12 @@ func (m *meter) Summarize(ctx context.Context, req schema.SummaryRequest) (schem
 }
 
 // RequestTokens counts a summary request as the OpenAI summarizer sends it:
-// the prompt and every message rendered by llm.RenderContent (without the
+// the prompt and every message rendered by condense.RenderContent (without the
 // few tokens of per-message framing, which no condenser controls).
 func RequestTokens(tc tokens.TextCounter, req schema.SummaryRequest) int {
 	n := tc.Count(req.Prompt)
 	for i := range req.Messages {
-		n += tc.Count(llm.RenderContent(req.Messages[i].Content))
+		n += tc.Count(condense.RenderContent(req.Messages[i].Content))
 	}
 	return n
 }

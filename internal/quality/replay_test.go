@@ -7,8 +7,8 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/ctxpipe/ctxpipe/condense"
 	"github.com/ctxpipe/ctxpipe/internal/transcripts"
-	"github.com/ctxpipe/ctxpipe/llm"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -54,7 +54,7 @@ func TestReplayRealRuns(t *testing.T) {
 	rows := Rows()
 	base := BaseProfile(32000, 70)
 	ctx := context.Background()
-	runs, err := ReplayAll(ctx, ts, rows, base, &llm.Offline{}, 2, nil)
+	runs, err := ReplayAll(ctx, ts, rows, base, &condense.Offline{}, 2, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,9 +98,9 @@ func TestReplayRealRuns(t *testing.T) {
 		}
 	}
 
-	// Issue 13: what must survive does in every row, no tool result goes
-	// missing, masking rows mask, and masking first halves what the
-	// summarizer reads.
+	// What must survive does in every row, no tool result goes missing,
+	// masking rows mask, and masking first halves what the summarizer
+	// reads.
 	stats := map[string]Stats{}
 	for ri, row := range rows {
 		stats[row.Name] = Summarize(row.Name, runs[ri])
@@ -128,7 +128,7 @@ func TestReplayRealRuns(t *testing.T) {
 		for ti, tr := range ts {
 			p := base
 			row.Configure(&p)
-			serial, err := Replay(ctx, tr, row.Name, p, &llm.Offline{})
+			serial, err := Replay(ctx, tr, row.Name, p, &condense.Offline{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -145,7 +145,7 @@ func TestReplayAllStopsOnCancel(t *testing.T) {
 	ts := loadTwo(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	runs, err := ReplayAll(ctx, ts, Rows(), BaseProfile(32000, 70), &llm.Offline{}, 2, nil)
+	runs, err := ReplayAll(ctx, ts, Rows(), BaseProfile(32000, 70), &condense.Offline{}, 2, nil)
 	if !errors.Is(err, context.Canceled) || runs != nil {
 		t.Fatalf("ReplayAll after cancel = %v, %v; want nil, context.Canceled", runs, err)
 	}

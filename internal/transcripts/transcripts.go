@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -61,6 +62,26 @@ func All(tb testing.TB, dir string) []Line {
 	var out []Line
 	for _, f := range Files(tb, dir) {
 		out = append(out, Read(tb, f)...)
+	}
+	return out
+}
+
+// Run is one transcript as stored messages, named for its file.
+type Run struct {
+	Name     string
+	Messages []schema.Message
+}
+
+// Runs reads every transcript under dir as a Run of messages, file by file.
+func Runs(tb testing.TB, dir string) []Run {
+	tb.Helper()
+	var out []Run
+	for _, file := range Files(tb, dir) {
+		var msgs []schema.Message
+		for _, l := range Read(tb, file) {
+			msgs = append(msgs, schema.Message{Turn: l.Turn})
+		}
+		out = append(out, Run{strings.TrimSuffix(filepath.Base(file), ".jsonl"), msgs})
 	}
 	return out
 }

@@ -13,9 +13,9 @@ const noRank = math.MaxUint32
 const smallPiece = 128
 
 // linearMax is the longest piece merged by the linear scan, which is
-// quadratic but has the least overhead. Measured here, it wins on English
-// words (6-16 bytes) by about 20%, while on CJK runs the heap version is
-// faster from about 12 bytes and 35-50% faster from 30 bytes.
+// quadratic but has the least overhead: it is the faster on English words
+// (6-16 bytes), the heap version on longer runs such as CJK text
+// (operations.md, section 7, has the figures).
 const linearMax = 16
 
 // pairRank returns the rank of bytes a..b of the piece text[lo:], or noRank.

@@ -221,14 +221,7 @@ func upperThenLower(s string, i int) int {
 			lowerEnd = j
 		}
 	}
-	k := j
-	for k < len(s) {
-		c, n := classAt(s, k)
-		if c&cLower == 0 {
-			break
-		}
-		k += n
-	}
+	k := runEnd(s, j, cLower)
 	if k == j {
 		// [Lower]+ found nothing after the greedy [Upper]*, so the engine
 		// gives back Upper characters one at a time. The first point where
@@ -247,25 +240,24 @@ func upperThenLower(s string, i int) int {
 // or -1. Both runs are greedy and nothing after them can fail, so no
 // backtracking is needed.
 func upperRun(s string, i int) int {
-	j := i
-	for j < len(s) {
-		c, n := classAt(s, j)
-		if c&cUpper == 0 {
-			break
-		}
-		j += n
-	}
+	j := runEnd(s, i, cUpper)
 	if j == i {
 		return -1
 	}
-	for j < len(s) {
-		c, n := classAt(s, j)
-		if c&cLower == 0 {
+	return contraction(s, runEnd(s, j, cLower))
+}
+
+// runEnd is the end of the run at s[i:] of characters whose class has a
+// bit of class: i when s[i] has none.
+func runEnd(s string, i int, class uint8) int {
+	for i < len(s) {
+		c, n := classAt(s, i)
+		if c&class == 0 {
 			break
 		}
-		j += n
+		i += n
 	}
-	return contraction(s, j)
+	return i
 }
 
 // punctRun matches [^\s\p{L}\p{N}]+[\r\n/]* at s[i:], where s[i] is known to

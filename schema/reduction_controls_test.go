@@ -7,8 +7,8 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// Issue 13: pin inputs, a manual condense's instructions, and the profile's
-// masking and minimum-gain settings.
+// Pin inputs and a manual condense's instructions decode, or are rejected
+// with their reason.
 func TestDecodePinAndInstructions(t *testing.T) {
 	const (
 		id  = "0b6c7a9e-4f0e-4a7b-9a51-2f1c3d4e5f60"

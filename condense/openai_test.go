@@ -1,4 +1,4 @@
-package llm
+package condense
 
 import (
 	"context"
@@ -99,7 +99,7 @@ func TestSummarizeModelFallback(t *testing.T) {
 
 // A reply naming a model of megabytes (a broken or hostile endpoint) is
 // cut: the name goes into events, which must stay small enough to publish
-// and to read back (outside campaign C, F4).
+// and to read back.
 func TestSummarizeModelNameBounded(t *testing.T) {
 	srv := openaitest.New(t)
 	srv.Enqueue(openaitest.Reply{Text: "ok", Model: strings.Repeat("m", 1<<20)})
@@ -452,5 +452,26 @@ func TestNetworkErrorRetried(t *testing.T) {
 	}
 	if len(rec.got()) != 2 {
 		t.Errorf("waits = %v, want 2", rec.got())
+	}
+}
+
+// A manual condense's instructions reach the model in its system prompt.
+func TestInstructionsReachTheModel(t *testing.T) {
+	srv := openaitest.New(t)
+	o, _ := newTestOpenAI(Config{BaseURL: srv.URL(), Model: "m"})
+	for _, in := range []string{"", "keep the failing test names"} {
+		req := simpleRequest(schema.Profile{})
+		req.Instructions = in
+		if _, err := o.Summarize(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+		reqs := srv.Requests()
+		sys := reqs[len(reqs)-1].Chat.Messages[0]
+		if sys.Role != "system" || !strings.HasPrefix(sys.Content, prompts.Detailed) {
+			t.Fatalf("system message %+v", sys)
+		}
+		if got := strings.Contains(sys.Content, prompts.RequestInstructions+"\n<instructions>\nkeep the failing test names\n</instructions>"); got != (in != "") {
+			t.Errorf("instructions %q in the system prompt: %v\n%s", in, got, sys.Content)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package llm
+package condense
 
 import (
 	"bufio"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/prompts"
 	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/textfacts"
 )
 
 // transcriptDir is reached by a relative path so the tests run the same in
@@ -129,16 +130,17 @@ func TestOfflineOnTranscripts(t *testing.T) {
 
 			// The last command run is quoted from the transcript.
 			var lastInput map[string]any
+			var lastCall schema.Block
 			for _, m := range msgs {
 				for _, b := range m.Content.BlocksOf() {
 					if b.Type == schema.BlockToolUse {
-						lastInput = nil
+						lastInput, lastCall = nil, b
 						_ = json.Unmarshal(b.Input, &lastInput)
 					}
 				}
 			}
-			if cmd, ok := lastInput["command"].(string); ok {
-				if want := commandLine(cmd); !strings.Contains(section(text, prompts.DetailedSections[4]), "`"+want+"`") {
+			if cmd, ok := lastInput["command"].(string); ok && strings.TrimSpace(cmd) != "" {
+				if want, _ := textfacts.CallLine(lastCall, textfacts.ReadToolInput(lastCall.Input)); !strings.Contains(section(text, prompts.DetailedSections[4]), "`"+want+"`") {
 					t.Errorf("last command %q not in section 5:\n%s", want, text)
 				}
 			}
@@ -241,7 +243,7 @@ func TestOfflineBounded(t *testing.T) {
 			want = DefaultOfflineMaxChars
 		}
 		// The last error line and the files touched come on top, each bounded.
-		if n := utf8.RuneCountInString(sum.Text); n > want+maxFilesTouchedChars+lastErrorsShown*(maxLastErrorChars+100)+200 {
+		if n := utf8.RuneCountInString(sum.Text); n > want+textfacts.MaxFileListChars+lastErrorsShown*(textfacts.MaxErrorLineChars+100)+200 {
 			t.Errorf("limit %d: %d chars", limit, n)
 		}
 		if !strings.Contains(sum.Text, "## "+prompts.DetailedSections[5]+"\nLatest user request (verbatim):\n> the latest request word") {
@@ -261,28 +263,6 @@ func TestOfflineEmpty(t *testing.T) {
 	for _, h := range prompts.DetailedSections {
 		if !strings.Contains(sum.Text, "## "+h) {
 			t.Errorf("missing %q", h)
-		}
-	}
-}
-
-func TestPathsInCommand(t *testing.T) {
-	tests := []struct {
-		cmd  string
-		want []string
-	}{
-		{"cat src/x.py", []string{"src/x.py"}},
-		{"cd /testbed && sed -n '230,250p' astropy/modeling/separable.py", []string{"/testbed", "astropy/modeling/separable.py"}},
-		{"grep -n foo ./pkg/a.go:12: setup.cfg", []string{"pkg/a.go", "setup.cfg"}},
-		{"python -c 'import os.path; print(1.5, x/2)' > /dev/null 2>&1", nil},
-		{"curl https://example.com/a.py -o out.json", []string{"out.json"}},
-		{"cat > fix.py << 'EOF'\nimport a/b.py\nEOF", []string{"fix.py"}},
-		{"ls ~/proj/ ../up/ --color=auto", []string{"~/proj/", "../up/"}},
-		{"echo done", nil},
-	}
-	for _, tt := range tests {
-		got := pathsInCommand(tt.cmd)
-		if fmt.Sprint(got) != fmt.Sprint(tt.want) {
-			t.Errorf("pathsInCommand(%q) = %q, want %q", tt.cmd, got, tt.want)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package llm
+package condense
 
 import (
 	"errors"
@@ -11,13 +11,13 @@ import (
 // caller's context, which is returned wrapped as is) matches at most one of
 // these with errors.Is, and an HTTP failure is also an *APIError:
 //
-//	errors.Is(err, llm.ErrRateLimited) // 429 (retried)
-//	errors.Is(err, llm.ErrServer)      // 5xx (retried)
-//	errors.Is(err, llm.ErrNetwork)     // connection failures (retried)
-//	errors.Is(err, llm.ErrTimeout)     // one attempt took longer than its timeout (retried)
-//	errors.Is(err, llm.ErrBadResponse) // 2xx whose body is not a chat completion (not retried)
-//	errors.Is(err, llm.ErrEmptySummary)
-//	var apiErr *llm.APIError; errors.As(err, &apiErr) // any HTTP error status; apiErr.StatusCode
+//	errors.Is(err, condense.ErrRateLimited) // 429 (retried)
+//	errors.Is(err, condense.ErrServer)      // 5xx (retried)
+//	errors.Is(err, condense.ErrNetwork)     // connection failures (retried)
+//	errors.Is(err, condense.ErrTimeout)     // one attempt took longer than its timeout (retried)
+//	errors.Is(err, condense.ErrBadResponse) // 2xx whose body is not a chat completion (not retried)
+//	errors.Is(err, condense.ErrEmptySummary)
+//	var apiErr *condense.APIError; errors.As(err, &apiErr) // any HTTP error status; apiErr.StatusCode
 //
 // Use Retryable to ask whether a class is worth retrying.
 var (

@@ -1,4 +1,4 @@
-package llm
+package condense
 
 import (
 	"bufio"
@@ -12,8 +12,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ctxpipe/ctxpipe/internal/transcripts"
 	"github.com/ctxpipe/ctxpipe/prompts"
 	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/textfacts"
 )
 
 // syntheticGolden hashes the offline summary and the files list of inputs
@@ -24,8 +26,8 @@ import (
 func syntheticGolden(t *testing.T) string {
 	t.Helper()
 	earlier := "Offline extractive summary.\n\n## " + prompts.DetailedSections[3] + "\n- `old/a.go`\n- old/b.py\n- not a path\n\n## " +
-		prompts.DetailedSections[4] + "\nNone.\n\n" + FilesTouchedHeading + "\n- old/a.go (edited)\n- old/c.md (created)\n- bad line (read)\n## After"
-	masked := MaskedPrefix + "bash command=\"make\"; 90 tokens, 4 lines hidden; last error: make: *** [all] Error 2. Run the call again to see it.]"
+		prompts.DetailedSections[4] + "\nNone.\n\n" + textfacts.FilesTouchedHeading + "\n- old/a.go (edited)\n- old/c.md (created)\n- bad line (read)\n## After"
+	masked := textfacts.MaskPrefix + "bash command=\"make\"; 90 tokens, 4 lines hidden; last error: make: *** [all] Error 2. Run the call again to see it.]"
 	failed := func(id, out string) schema.Message {
 		m := resultMsg(id, out)
 		m.Content.Blocks[0].IsError = true
@@ -59,7 +61,7 @@ func syntheticGolden(t *testing.T) string {
 		}
 		fmt.Fprintf(h, "%d\n%s\n", len(sum.Text), sum.Text)
 	}
-	fmt.Fprintf(h, "%s\n", RenderFilesTouched(FilesTouched(msgs)))
+	fmt.Fprintf(h, "%s\n", textfacts.RenderFilesTouched(textfacts.FilesTouched(msgs)))
 	return "synthetic 3 " + hex.EncodeToString(h.Sum(nil))
 }
 
@@ -73,10 +75,10 @@ const goldenFile = "testdata/offline_chain.golden"
 
 func TestOfflineChainGolden(t *testing.T) {
 	var got []string
-	for _, r := range allTranscripts(t) {
+	for _, r := range transcripts.Runs(t, transcriptDir) {
 		h := sha256.New()
-		texts := condenseChain(t, r.msgs)
-		whole, err := (&Offline{}).Summarize(context.Background(), schema.SummaryRequest{Prompt: prompts.Detailed, Messages: r.msgs})
+		texts := condenseChain(t, r.Messages)
+		whole, err := (&Offline{}).Summarize(context.Background(), schema.SummaryRequest{Prompt: prompts.Detailed, Messages: r.Messages})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -84,7 +86,7 @@ func TestOfflineChainGolden(t *testing.T) {
 		for _, s := range texts {
 			fmt.Fprintf(h, "%d\n%s\n", len(s), s)
 		}
-		got = append(got, fmt.Sprintf("%s %d %s", r.name, len(texts), hex.EncodeToString(h.Sum(nil))))
+		got = append(got, fmt.Sprintf("%s %d %s", r.Name, len(texts), hex.EncodeToString(h.Sum(nil))))
 	}
 	got = append(got, syntheticGolden(t))
 	if *updateGolden {

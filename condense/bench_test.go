@@ -1,37 +1,13 @@
-package llm
+package condense
 
 import (
 	"context"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/ctxpipe/ctxpipe/internal/transcripts"
 	"github.com/ctxpipe/ctxpipe/prompts"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
-
-// transcript is one shared real agent run as stored messages.
-type transcript struct {
-	name string
-	msgs []schema.Message
-}
-
-// allTranscripts loads the 43 real runs the benchmarks and the equivalence
-// tests measure: synthetic inputs miss the long heredocs, pipes and
-// tracebacks that make extraction expensive.
-func allTranscripts(tb testing.TB) []transcript {
-	tb.Helper()
-	var out []transcript
-	for _, file := range transcripts.Files(tb, transcriptDir) {
-		var msgs []schema.Message
-		for _, l := range transcripts.Read(tb, file) {
-			msgs = append(msgs, schema.Message{Turn: l.Turn})
-		}
-		out = append(out, transcript{strings.TrimSuffix(filepath.Base(file), ".jsonl"), msgs})
-	}
-	return out
-}
 
 // condenseSpan is how many messages one offline condense covers in the
 // chained runs below: about what a 32 k window holds before it triggers.
@@ -59,29 +35,16 @@ func condenseChain(tb testing.TB, msgs []schema.Message) []string {
 	return out
 }
 
-// BenchmarkFilesTouched is the mechanical files list over every message of
-// the 43 runs, one call per run (7.7 k messages, 3.9 k tool calls per op).
-func BenchmarkFilesTouched(b *testing.B) {
-	runs := allTranscripts(b)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		for _, r := range runs {
-			FilesTouched(r.msgs)
-		}
-	}
-}
-
 // BenchmarkOfflineCondense is the offline condenser over the 43 runs in
 // spans of condenseSpan messages, each span after the previous summary, as
 // the engine condenses a long conversation (87 summaries per op).
 func BenchmarkOfflineCondense(b *testing.B) {
-	runs := allTranscripts(b)
+	runs := transcripts.Runs(b, transcriptDir)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
 		for _, r := range runs {
-			condenseChain(b, r.msgs)
+			condenseChain(b, r.Messages)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package llm
+package textfacts
 
 import (
 	"encoding/json"
@@ -10,20 +10,21 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ctxpipe/ctxpipe/internal/transcripts"
 	"github.com/ctxpipe/ctxpipe/prompts"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
 // The file, command and error extraction runs on every condense and
-// truncation, so its hot regular expressions and its decoding of each tool
-// input into a map were replaced by hand-written scanners. Its output is
-// part of every summary, so the rewrite must not change one byte: this file
-// keeps the implementation it replaced as the reference (the ref… names),
-// and the tests below compare the two over every message of the shared
-// real runs, plus seeds and a fuzz target for the inputs the runs lack.
-// Where the rules changed since (here documents end at their closing line;
-// lists are never cut, read back from markers too, and group files), the
-// reference follows, still written with regular expressions.
+// truncation, so it scans by hand where regular expressions and a decode of
+// each tool input into a map would do. Its output is part of every summary,
+// so the scanners must not differ by one byte from those patterns: this
+// file keeps them as the reference (the ref… names), and the tests below
+// compare the two over every message of the shared real runs, plus seeds
+// and a fuzz target for the inputs the runs lack. The reference follows
+// every rule (here documents end at their closing line; lists are never
+// cut, are read back from markers too, and group files), still written
+// with regular expressions.
 
 var (
 	refRedirect     = regexp.MustCompile(`(?:>>?|\btee\s+(?:-a\s+)?)\s*['"]?([^\s'";|&<>()]+)`)
@@ -45,8 +46,8 @@ var (
 )
 
 func refLastErrorLine(out string) string {
-	if t := strings.TrimSpace(out); strings.HasPrefix(t, MaskedPrefix) {
-		if m := maskedError.FindStringSubmatch(t); m != nil {
+	if t := strings.TrimSpace(out); strings.HasPrefix(t, MaskPrefix) {
+		if m := standInLastError.FindStringSubmatch(t); m != nil {
 			return m[1]
 		}
 	}
@@ -64,7 +65,7 @@ func refLastErrorLine(out string) string {
 		if l == "" || boilerplateLines[l] || codeLinePattern.MatchString(l) {
 			continue
 		}
-		return clip(l, maxLastErrorChars)
+		return Clip(l, MaxErrorLineChars)
 	}
 	return ""
 }
@@ -326,16 +327,16 @@ func refWritten(line string) []string {
 // corpus is every string of the runs the extraction may be given: the
 // inputs (each tool call's command and path values) and the outputs (each
 // text block and each tool result's rendered output).
-func corpus(runs []transcript) (inputs, outputs []string) {
+func corpus(runs []transcripts.Run) (inputs, outputs []string) {
 	for _, r := range runs {
-		for _, m := range r.msgs {
+		for _, m := range r.Messages {
 			for _, b := range m.Content.BlocksOf() {
 				switch b.Type {
 				case schema.BlockText:
 					outputs = append(outputs, b.Text)
 				case schema.BlockToolResult:
 					if b.Content != nil {
-						outputs = append(outputs, RenderContent(*b.Content))
+						outputs = append(outputs, b.Content.OwnText("\n\n"))
 					}
 				case schema.BlockToolUse:
 					var input map[string]any
@@ -350,6 +351,14 @@ func corpus(runs []transcript) (inputs, outputs []string) {
 	return inputs, outputs
 }
 
+// excerptHead is how much of a text the offline condenser collapses for an
+// excerpt of an assistant note: 8 × its 180-character bound.
+const excerptHead = 8 * 180
+
+// transcriptDir is reached by a relative path so the tests run the same in
+// the work tree and in CI, where shared/ sits beside the repository.
+const transcriptDir = "../../shared/data/transcripts"
+
 // sameOutputExtraction fails t where the scanners and the reference
 // disagree on a tool output or a text, on the parts of it each reads. The
 // command scanners are not run over outputs: through the regexps the 6.5 MB
@@ -359,15 +368,15 @@ func sameOutputExtraction(t *testing.T, s string) {
 	if got, want := LastErrorLine(s), refLastErrorLine(s); got != want {
 		t.Fatalf("LastErrorLine(%q) = %q, reference %q", s, got, want)
 	}
-	if got, want := meaningfulLines(head(s, 8<<10)), refMeaningfulLines(head(s, 8<<10)); !reflect.DeepEqual(got, want) {
-		t.Fatalf("meaningfulLines(%q) = %q, reference %q", head(s, 8<<10), got, want)
+	if got, want := meaningfulLines(Head(s, 8<<10)), refMeaningfulLines(Head(s, 8<<10)); !reflect.DeepEqual(got, want) {
+		t.Fatalf("meaningfulLines(%q) = %q, reference %q", Head(s, 8<<10), got, want)
 	}
-	gotCode, gotSpan, gotOK := findReturnCode(head(s, 256))
-	if m := refReturnCode.FindStringSubmatch(head(s, 256)); gotOK != (m != nil) || gotOK && (gotCode != m[1] || gotSpan != m[0]) {
-		t.Fatalf("findReturnCode(%q) = %q %q %v, reference %q", head(s, 256), gotCode, gotSpan, gotOK, m)
+	gotCode, gotSpan, gotOK := findReturnCode(Head(s, 256))
+	if m := refReturnCode.FindStringSubmatch(Head(s, 256)); gotOK != (m != nil) || gotOK && (gotCode != m[1] || gotSpan != m[0]) {
+		t.Fatalf("findReturnCode(%q) = %q %q %v, reference %q", Head(s, 256), gotCode, gotSpan, gotOK, m)
 	}
-	if e := head(s, 8*maxNoteChars); collapseSpace(e) != strings.Join(strings.Fields(e), " ") {
-		t.Fatalf("collapseSpace(%q) = %q", e, collapseSpace(e))
+	if e := Head(s, excerptHead); CollapseSpace(e) != strings.Join(strings.Fields(e), " ") {
+		t.Fatalf("CollapseSpace(%q) = %q", e, CollapseSpace(e))
 	}
 }
 
@@ -381,18 +390,18 @@ func sameExtraction(t *testing.T, s string) {
 	if got, want := editsInPlace(s), refSedInPlace.MatchString(s); got != want {
 		t.Fatalf("editsInPlace(%q) = %v, reference %v", s, got, want)
 	}
-	if got, want := meaningfulLines(head(s, 8<<10)), refMeaningfulLines(head(s, 8<<10)); !reflect.DeepEqual(got, want) {
-		t.Fatalf("meaningfulLines(%q) = %q, reference %q", head(s, 8<<10), got, want)
+	if got, want := meaningfulLines(Head(s, 8<<10)), refMeaningfulLines(Head(s, 8<<10)); !reflect.DeepEqual(got, want) {
+		t.Fatalf("meaningfulLines(%q) = %q, reference %q", Head(s, 8<<10), got, want)
 	}
 	if got, want := LastErrorLine(s), refLastErrorLine(s); got != want {
 		t.Fatalf("LastErrorLine(%q) = %q, reference %q", s, got, want)
 	}
-	if got, want := collapseSpace(s), strings.Join(strings.Fields(s), " "); got != want {
-		t.Fatalf("collapseSpace(%q) = %q, reference %q", s, got, want)
+	if got, want := CollapseSpace(s), strings.Join(strings.Fields(s), " "); got != want {
+		t.Fatalf("CollapseSpace(%q) = %q, reference %q", s, got, want)
 	}
-	gotCode, gotSpan, gotOK := findReturnCode(head(s, 256))
-	if m := refReturnCode.FindStringSubmatch(head(s, 256)); gotOK != (m != nil) || gotOK && (gotCode != m[1] || gotSpan != m[0]) {
-		t.Fatalf("findReturnCode(%q) = %q %q %v, reference %q", head(s, 256), gotCode, gotSpan, gotOK, m)
+	gotCode, gotSpan, gotOK := findReturnCode(Head(s, 256))
+	if m := refReturnCode.FindStringSubmatch(Head(s, 256)); gotOK != (m != nil) || gotOK && (gotCode != m[1] || gotSpan != m[0]) {
+		t.Fatalf("findReturnCode(%q) = %q %q %v, reference %q", Head(s, 256), gotCode, gotSpan, gotOK, m)
 	}
 	for line := range strings.SplitSeq(s, "\n") {
 		if got, want := reportsError(line), refErrorLine.MatchString(line); got != want {
@@ -402,8 +411,8 @@ func sameExtraction(t *testing.T, s string) {
 			t.Fatalf("writeTargets(%q) = %q, reference %q", line, got, want)
 		}
 	}
-	if got, want := explicitPath(s), refExplicitPath(s); got != want {
-		t.Fatalf("explicitPath(%q) = %q, reference %q", s, got, want)
+	if got, want := ExplicitPath(s), refExplicitPath(s); got != want {
+		t.Fatalf("ExplicitPath(%q) = %q, reference %q", s, got, want)
 	}
 }
 
@@ -417,38 +426,38 @@ func sameWords(t *testing.T, s string) {
 			if got, want := cleanPath(w), refCleanPath(w); got != want {
 				t.Fatalf("cleanPath(%q) = %q, reference %q", w, got, want)
 			}
-			if got, want := explicitPath(w), refExplicitPath(w); got != want {
-				t.Fatalf("explicitPath(%q) = %q, reference %q", w, got, want)
+			if got, want := ExplicitPath(w), refExplicitPath(w); got != want {
+				t.Fatalf("ExplicitPath(%q) = %q, reference %q", w, got, want)
 			}
-			if got, want := looksLikePath(w), refLooksLikePath(w); got != want {
+			if got, want := LooksLikePath(w), refLooksLikePath(w); got != want {
 				t.Fatalf("looksLikePath(%q) = %v, reference %v", w, got, want)
 			}
 		}
 	}
 }
 
-// refToolInput is what readToolInput read before the JSON fast path: every
+// refToolInput is what ReadToolInput read before the JSON fast path: every
 // input through encoding/json.
-func refToolInput(raw []byte) toolInput {
-	var in toolInput
+func refToolInput(raw []byte) ToolInput {
+	var in ToolInput
 	var input map[string]any
 	_ = json.Unmarshal(raw, &input)
 	for _, k := range pathKeys {
-		in.paths = append(in.paths, stringsOf(input[k])...)
+		in.Paths = append(in.Paths, stringsOf(input[k])...)
 	}
 	for i, k := range commandKeys {
 		for _, cmd := range stringsOf(input[k]) {
-			in.commands = append(in.commands, command{key: i, text: cmd, paths: pathsInCommand(cmd)})
+			in.Commands = append(in.Commands, Command{Key: i, Text: cmd, Paths: pathsInCommand(cmd)})
 		}
 	}
 	return in
 }
 
-// sameToolInput fails t where readToolInput and encoding/json disagree on raw.
+// sameToolInput fails t where ReadToolInput and encoding/json disagree on raw.
 func sameToolInput(t *testing.T, raw []byte) {
 	t.Helper()
-	if got, want := readToolInput(raw), refToolInput(raw); !reflect.DeepEqual(got, want) {
-		t.Fatalf("readToolInput(%q) = %+v, reference %+v", raw, got, want)
+	if got, want := ReadToolInput(raw), refToolInput(raw); !reflect.DeepEqual(got, want) {
+		t.Fatalf("ReadToolInput(%q) = %+v, reference %+v", raw, got, want)
 	}
 }
 
@@ -475,30 +484,30 @@ func sameFilesTouched(t *testing.T, s string) {
 
 // TestExtractionMatchesReference compares the scanners with the regexp
 // reference over every message of the 43 runs: FilesTouched message by
-// message and run by run, readToolInput on every tool input, and each
+// message and run by run, ReadToolInput on every tool input, and each
 // helper over every command and path value and every output of the runs.
 func TestExtractionMatchesReference(t *testing.T) {
-	runs := allTranscripts(t)
+	runs := transcripts.Runs(t, transcriptDir)
 	messages := 0
 	for _, r := range runs {
-		t.Run(r.name, func(t *testing.T) {
-			for i := range r.msgs {
-				for _, b := range r.msgs[i].Content.BlocksOf() {
+		t.Run(r.Name, func(t *testing.T) {
+			for i := range r.Messages {
+				for _, b := range r.Messages[i].Content.BlocksOf() {
 					if b.Type == schema.BlockToolUse {
 						sameToolInput(t, b.Input)
 					}
 				}
-				one := r.msgs[i : i+1]
+				one := r.Messages[i : i+1]
 				if got, want := FilesTouched(one), refFilesTouched(one); !reflect.DeepEqual(got, want) {
-					t.Fatalf("message %s: FilesTouched = %v, reference %v", r.msgs[i].ID, got, want)
+					t.Fatalf("message %s: FilesTouched = %v, reference %v", r.Messages[i].ID, got, want)
 				}
 				messages++
 			}
-			if got, want := FilesTouched(r.msgs), refFilesTouched(r.msgs); !reflect.DeepEqual(got, want) {
+			if got, want := FilesTouched(r.Messages), refFilesTouched(r.Messages); !reflect.DeepEqual(got, want) {
 				t.Fatalf("whole run: FilesTouched = %v, reference %v", got, want)
 			}
 			// An earlier summary's list is read back the same way.
-			list := RenderFilesTouched(FilesTouched(r.msgs))
+			list := RenderFilesTouched(FilesTouched(r.Messages))
 			if got, want := filesFromList(list), refFilesFromList(list); !reflect.DeepEqual(got, want) {
 				t.Fatalf("filesFromList = %v, reference %v", got, want)
 			}

@@ -1,4 +1,4 @@
-package llm
+package condense
 
 import (
 	"context"
@@ -7,17 +7,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	openai "github.com/sashabaranov/go-openai"
 
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
+	"github.com/ctxpipe/ctxpipe/prompts"
 	"github.com/ctxpipe/ctxpipe/schema"
+	"github.com/ctxpipe/ctxpipe/textfacts"
 )
 
 // Summarizer is what the engine calls to condense a conversation. It has
@@ -49,7 +50,7 @@ func NewOpenAI(cfg Config, log *slog.Logger) *OpenAI {
 	if hc == nil {
 		hc = &http.Client{}
 	}
-	return &OpenAI{cfg: cfg, log: log, http: hc, sleep: sleepCtx, now: time.Now}
+	return &OpenAI{cfg: cfg, log: log, http: hc, sleep: backoff.Sleep, now: time.Now}
 }
 
 // Summarize sends req to the profile's endpoint (see Config.Endpoint) and
@@ -76,7 +77,7 @@ func (o *OpenAI) Summarize(ctx context.Context, req schema.SummaryRequest) (sche
 		sum, err := o.attempt(ctx, client, ep, chat, req.Profile.Prices)
 		if err == nil {
 			// The model's summary may drop paths; the list may not.
-			sum.Text = WithFilesTouched(sum.Text, source(req))
+			sum.Text = textfacts.WithFilesTouched(sum.Text, source(req))
 			return sum, nil
 		}
 		if ctx.Err() != nil {
@@ -150,7 +151,7 @@ func classify(err error, h http.Header) error {
 	if errors.As(err, &reqErr) {
 		msg := http.StatusText(reqErr.HTTPStatusCode)
 		if body := strings.TrimSpace(string(reqErr.Body)); body != "" {
-			msg = clip(body, 200)
+			msg = textfacts.Clip(body, 200)
 		}
 		return &APIError{StatusCode: reqErr.HTTPStatusCode, Message: msg, RetryAfter: retryAfter(h), Err: err}
 	}
@@ -200,46 +201,29 @@ func (o *OpenAI) backoff(attempt int, err error) time.Duration {
 	if errors.As(err, &apiErr) && apiErr.RetryAfter > 0 {
 		return apiErr.RetryAfter
 	}
-	d := o.cfg.baseBackoff()
-	for i := 1; i < attempt && d < o.cfg.maxBackoff(); i++ {
-		d *= 2
-	}
-	d = min(d, o.cfg.maxBackoff())
-	half := d / 2
-	return half + rand.N(d-half+1)
+	return backoff.Policy{First: o.cfg.baseBackoff(), Max: o.cfg.maxBackoff(), Jitter: true}.Wait(attempt)
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
+// chatMessages builds the request: the condensing prompt as the system
+// message (with a manual request's instructions appended), then each
+// message under its own role. Messages that render to nothing (an assistant
+// turn holding only reasoning) are skipped, since several OpenAI-compatible
+// servers reject empty content.
+func chatMessages(req schema.SummaryRequest) []openai.ChatCompletionMessage {
+	out := make([]openai.ChatCompletionMessage, 0, len(req.Messages)+1)
+	if p := strings.TrimSpace(prompts.WithInstructions(req.Prompt, req.Instructions)); p != "" {
+		out = append(out, openai.ChatCompletionMessage{Role: openai.ChatMessageRoleSystem, Content: p})
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// clip shortens s to at most n runes, marking a cut with "…".
-func clip(s string, n int) string {
-	if n <= 0 {
-		return ""
-	}
-	if len(s) <= n { // at most n bytes, so at most n runes
-		return s
-	}
-	count := 0
-	for i := range s {
-		if count == n-1 {
-			if utf8.RuneCountInString(s[i:]) <= 1 {
-				return s
-			}
-			return s[:i] + "…"
+	for _, m := range req.Messages {
+		text := RenderContent(m.Content)
+		if strings.TrimSpace(text) == "" {
+			continue
 		}
-		count++
+		role := openai.ChatMessageRoleUser
+		if m.Role == schema.RoleAssistant {
+			role = openai.ChatMessageRoleAssistant
+		}
+		out = append(out, openai.ChatCompletionMessage{Role: role, Content: text})
 	}
-	return s
+	return out
 }

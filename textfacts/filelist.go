@@ -1,4 +1,4 @@
-package llm
+package textfacts
 
 import (
 	"strconv"
@@ -36,7 +36,7 @@ func RenderFilesTouched(files []FileTouch) string {
 	if len(files) == 0 {
 		return ""
 	}
-	items := FileItems(files, maxFilesTouchedChars, len("- \n"))
+	items := FileItems(files, MaxFileListChars, len("- \n"))
 	var b strings.Builder
 	b.WriteString(FilesTouchedHeading)
 	for _, it := range items {
@@ -57,11 +57,11 @@ func MarkerFiles(files []FileTouch, budget int) string {
 
 // WithFilesTouched appends the files-touched section of msgs to a summary.
 func WithFilesTouched(text string, msgs []schema.Message) string {
-	return withFilesList(text, FilesTouched(msgs))
+	return WithFileList(text, FilesTouched(msgs))
 }
 
-// withFilesList appends the files-touched section of files to a summary.
-func withFilesList(text string, files []FileTouch) string {
+// WithFileList appends the files-touched section of files to a summary.
+func WithFileList(text string, files []FileTouch) string {
 	if s := RenderFilesTouched(files); s != "" {
 		return strings.TrimRight(text, "\n") + "\n\n" + s
 	}
@@ -70,7 +70,7 @@ func withFilesList(text string, files []FileTouch) string {
 
 // FileItems renders files as the items of a list whose items, each with
 // sep bytes of separator, take at most budget bytes: each entry on its own
-// if they fit, else grouped by directory (see the package comment). Only
+// if they fit, else grouped by directory (see the top of this file). Only
 // when even the roots (./**, /**, ~/**) exceed budget is the result
 // longer.
 func FileItems(files []FileTouch, budget, sep int) []string {
@@ -178,7 +178,7 @@ func rootDepth(path string) int {
 // depth d (or its root's, when d is shallower, or when d is -1), keeping
 // the order in which each item first appears.
 func fold(files []FileTouch, d int) []FileTouch {
-	var t touchList
+	var t Touched
 	for _, f := range files {
 		at := max(d, rootDepth(f.Path))
 		if d < 0 {

@@ -1,11 +1,8 @@
-package llm
+package condense
 
 import (
 	"strings"
 
-	openai "github.com/sashabaranov/go-openai"
-
-	"github.com/ctxpipe/ctxpipe/prompts"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -59,27 +56,4 @@ func renderBlock(b schema.Block) (string, bool) {
 	// An unknown block type cannot reach here through validated input; say
 	// so rather than drop it silently.
 	return "[" + string(b.Type) + "]", true
-}
-
-// chatMessages builds the request: the condensing prompt as the system
-// message (with a manual request's instructions appended), then each message under its own role. Messages that render to
-// nothing (an assistant turn holding only reasoning) are skipped, since
-// several OpenAI-compatible servers reject empty content.
-func chatMessages(req schema.SummaryRequest) []openai.ChatCompletionMessage {
-	out := make([]openai.ChatCompletionMessage, 0, len(req.Messages)+1)
-	if p := strings.TrimSpace(prompts.WithInstructions(req.Prompt, req.Instructions)); p != "" {
-		out = append(out, openai.ChatCompletionMessage{Role: openai.ChatMessageRoleSystem, Content: p})
-	}
-	for _, m := range req.Messages {
-		text := RenderContent(m.Content)
-		if strings.TrimSpace(text) == "" {
-			continue
-		}
-		role := openai.ChatMessageRoleUser
-		if m.Role == schema.RoleAssistant {
-			role = openai.ChatMessageRoleAssistant
-		}
-		out = append(out, openai.ChatCompletionMessage{Role: role, Content: text})
-	}
-	return out
 }
