@@ -59,8 +59,8 @@ func TestWatchStopsAStalledFollower(t *testing.T) {
 
 // A follower that waited long at the stream's end is not stalled the
 // moment a message is appended: it is stalled only when the stream has held
-// the message past its last for the watchdog's whole delay (an outside
-// campaign saw a follower torn down after 16 s idle and a 3 MiB append).
+// the message past its last for the watchdog's whole delay, however long
+// it idled before (16 s idle and then a 3 MiB append must not trip it).
 func TestWatchCountsFromTheAppendNotTheIdleWait(t *testing.T) {
 	ctx := context.Background()
 	js, stream := stateStream(t)

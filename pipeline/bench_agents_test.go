@@ -187,7 +187,7 @@ func pct(ds []time.Duration, p float64) time.Duration {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// BenchmarkStalledConversation is issue 9's goal 4: one conversation's
+// BenchmarkStalledConversation measures isolation: one conversation's
 // summarizer stalls for 30 s in the middle of its condense while 16 other
 // agents go on (publish a turn, read the history holding it, next turn).
 // It reports the others' p99 publish → readable without the stall (the mean
@@ -254,7 +254,7 @@ func BenchmarkStalledConversation(b *testing.B) {
 	}
 }
 
-// BenchmarkHistoryLength is issue 9's goal 5: the cost of one agent turn
+// BenchmarkHistoryLength measures the cost of one agent turn
 // (publish, apply, commit, incremental read of the history holding it) in
 // a conversation of 10,000 messages beside one of 10 messages, turn for
 // turn in the same run. The goal is per-turn@10k ≤ 1.2 × per-turn@10.
@@ -290,7 +290,7 @@ func BenchmarkHistoryLength(b *testing.B) {
 	b.ReportMetric(float64(tLong)/float64(tShort), "10k/10")
 }
 
-// BenchmarkHostileRSS is issue 9's goal 6: many 4 MiB turns at once (64
+// BenchmarkHostileRSS measures memory under many 4 MiB turns at once (64
 // turns, 256 MiB, across 16 conversations) already in CTX_IN, consumed with
 // the default held-bytes bound and with a quarter of it. It reports the
 // process's peak RSS while they are applied (VmHWM, reset before each run),

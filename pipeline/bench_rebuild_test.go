@@ -16,7 +16,7 @@ import (
 	"github.com/ctxpipe/ctxpipe/tokens"
 )
 
-// BenchmarkRebuild is issue 10's replay goal (≥ 50,000 changes/s): the 43
+// BenchmarkRebuild is the changelog replay rate (goal ≥ 50,000 changes/s): the 43
 // real agent runs go through the service once (not timed), which leaves
 // their changes in CTX_STATE; each iteration then rebuilds new SQLite
 // files (benchFiles(), as the service splits its state) from CTX_STATE

@@ -21,7 +21,7 @@ import (
 )
 
 // A database rebuilt from CTX_STATE alone is byte-identical to the one the
-// service wrote, message by message and tag by tag (issue 10): real agent
+// service wrote, message by message and tag by tag: real agent
 // runs under tenants and without, condenses and truncations through the
 // summarizer, a manual condense, a rewind, rejected inputs, and records cut
 // into pieces.

@@ -627,9 +627,9 @@ func TestConversationsProceedInParallelAndInOrder(t *testing.T) {
 }
 
 func TestSlowCondenseKeepsInputAliveAndOthersFlowing(t *testing.T) {
-	// Two workers only: before conversations were scheduled one per worker,
-	// every conversation hashed to the slow one's lane waited for its
-	// condense (issue 7, item 14).
+	// Two workers only: a conversation waiting on its condense holds its
+	// worker, and every other conversation must still be scheduled on the
+	// other one.
 	h := startWith(t, pipeline.Config{Lanes: 2, AckWait: 2 * time.Second, MaxDeliver: 5})
 	// The summarizer takes 5 s, over twice this runner's ack wait: without
 	// in-progress acks the held inputs would be redelivered.

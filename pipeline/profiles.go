@@ -54,8 +54,8 @@ func (p *Profiles) Lookup(ctx context.Context, id string) (schema.Profile, bool,
 	if !schema.ValidProfileID(id) {
 		// No profile has it, and asking the bucket for it could cost the
 		// connection: a key of kilobytes makes a subject the server refuses
-		// by closing the connection (an outside campaign took the service
-		// down with one turn).
+		// by closing the connection, which would take the service's
+		// connection down for one turn's profile id.
 		return schema.Profile{}, false, nil
 	}
 	e, err := p.kv.Get(ctx, id)

@@ -89,9 +89,9 @@ func TestProfilesSeedAndWatch(t *testing.T) {
 }
 
 // After a broker restart the profile watch is started again at once: a
-// profile put after the restart is seen in well under the 13-15 s the old
-// watch needed to notice its consumer was gone (issue 7, item 15). The 5 s
-// bound is that difference, not a speed goal.
+// profile put after the restart is seen within 5 s, well under the 13-15 s
+// a watch takes to notice by itself that its consumer is gone. The bound is
+// that difference, not a speed goal.
 func TestProfilesRewatchAfterBrokerRestart(t *testing.T) {
 	dir, port := t.TempDir(), natstest.FreePort(t)
 	startServer := func() *server.Server {

@@ -300,10 +300,9 @@ func BenchmarkPublishedAfter(b *testing.B) {
 	}
 }
 
-// An event too large to publish (over the server's max_payload) used to
-// hold back every later row for ever: the relay retried it from the same
-// row, in order (outside campaign F7). It is now logged, skipped and
-// counted; the rows after it go out, and it stays in the events table.
+// An event too large to publish (over the server's max_payload) holds back
+// no later row: it is logged, skipped and counted, the rows after it go out,
+// and it stays in the events table.
 func TestRelaySkipsAnEventTooLargeToPublish(t *testing.T) {
 	ctx := context.Background()
 	_, js, st := eventsStream(t)

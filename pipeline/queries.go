@@ -40,7 +40,7 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 	inflight := make(chan struct{}, maxConcurrent+maxWaits)
 	// A quarter of that per tenant: one tenant holding every slot (65,536
 	// waits of a minute each) would have every other tenant's queries
-	// refused (outside campaign M3).
+	// refused.
 	shares := newTenantShares(max((maxConcurrent+maxWaits)/4, 1))
 	r.maxReply = int(nc.MaxPayload())
 	handlers := map[schema.QueryVerb]func(context.Context, []byte) []byte{

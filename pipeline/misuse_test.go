@@ -36,7 +36,7 @@ func rejections(h *harness, conv string) map[string]schema.Reason {
 
 // An input id reused with other content, or in another conversation, is
 // rejected duplicate_id; the same input again stays a silent no-op; and
-// wait_for does not confuse conversations (issue 7, item 8).
+// wait_for does not confuse conversations.
 func TestReusedInputIDIsRejected(t *testing.T) {
 	h := start(t)
 	first := h.turn("owner", schema.RoleUser, 10)
@@ -76,7 +76,7 @@ func TestReusedInputIDIsRejected(t *testing.T) {
 		t.Fatalf("wait_for in another conversation answered %d messages: the agent is told its turn landed", len(rep.Messages))
 	}
 	// ... it is told its input was rejected, and why, rather than left to
-	// time out (outside campaign F4): after the commit, from the store,
+	// time out: after the commit, from the store,
 	if _, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: "thief", WaitFor: first.ID}); qe == nil ||
 		qe.Code != pipeline.QueryInputRejected || !strings.Contains(qe.Message, string(schema.ReasonDuplicateID)) {
 		t.Fatalf("wait_for the reused id where it was rejected: %+v", qe)
@@ -108,8 +108,7 @@ func TestReusedInputIDIsRejected(t *testing.T) {
 }
 
 // A control input on a conversation that has no turn is rejected and
-// creates nothing: a real conversation using the id later auto-condenses
-// (issue 7, item 3).
+// creates nothing: a real conversation using the id later auto-condenses.
 func TestControlOnUnknownConversationStoresNothing(t *testing.T) {
 	h := start(t)
 	id := h.control("ghost", schema.KindOverflow, schema.Input{})
@@ -134,9 +133,8 @@ func TestControlOnUnknownConversationStoresNothing(t *testing.T) {
 	}
 }
 
-// Any number of pending wait_for requests never delays a status query
-// (issue 7, item 10): before, 256 waits took every query slot and a status
-// query waited for their timeout.
+// Any number of pending wait_for requests never delays a status query:
+// waits have slots of their own, so 256 of them leave the query slots free.
 func TestWaitFloodDoesNotBlockQueries(t *testing.T) {
 	h := start(t)
 	t1 := h.turn("busy", schema.RoleUser, 10)
@@ -180,8 +178,7 @@ func TestWaitFloodDoesNotBlockQueries(t *testing.T) {
 }
 
 // A history larger than one NATS message gets an answer, never silence: a
-// too_large error naming the size, and pages with limit and next_cursor
-// (issue 7, item 9).
+// too_large error naming the size, and pages with limit and next_cursor.
 func TestLargeHistoryIsPaged(t *testing.T) {
 	h := start(t, schema.Profile{ID: schema.DefaultProfileID, ContextWindow: 10_000_000, MaxTokens: 1000})
 	// Many short words: cheap to count, unlike one 3 MiB word.
@@ -235,7 +232,7 @@ func TestLargeHistoryIsPaged(t *testing.T) {
 }
 
 // The service never publishes a reply outside an inbox: a forged reply
-// subject cannot overwrite a profile or plant an event (issue 8).
+// subject cannot overwrite a profile or plant an event.
 func TestForgedReplySubjectsChangeNothing(t *testing.T) {
 	h := start(t)
 	t1 := h.turn("victim", schema.RoleUser, 10)
@@ -309,8 +306,7 @@ func TestSafeReply(t *testing.T) {
 
 // The runner survives a partition's durable consumer being deleted under
 // it: it rebuilds the consumer and goes on, and inputs published meanwhile
-// land once and in order (issue 14). Before, it returned and never fetched
-// again.
+// land once and in order.
 func TestRunnerRebuildsDeletedConsumer(t *testing.T) {
 	h := start(t)
 	var sent []string
@@ -359,7 +355,7 @@ func TestRunnerRebuildsDeletedConsumer(t *testing.T) {
 }
 
 // Profiles the watch has not delivered are read from the bucket before a
-// turn is rejected unknown_profile (issue 7, item 15).
+// turn is rejected unknown_profile.
 func TestLookupReadsProfilesTheWatchMissed(t *testing.T) {
 	ctx := context.Background()
 	_, url := natstest.Run(t)
@@ -514,9 +510,8 @@ func TestInputIDsIgnoreCase(t *testing.T) {
 	}
 }
 
-// A purged changelog is not retried in silence (outside campaign: every
-// instance stayed ready while nothing could commit any more): the append
-// finds the records this store applied gone, /readyz says so, a metric
+// A purged changelog is not retried in silence, with the instance ready
+// while nothing can commit: the append finds the records this store applied gone, /readyz says so, a metric
 // counts it, and the input waits in CTX_IN.
 func TestPurgedChangelogIsNotReady(t *testing.T) {
 	h := start(t)
@@ -548,11 +543,10 @@ func TestPurgedChangelogIsNotReady(t *testing.T) {
 	}
 }
 
-// A rejection's message quotes what the input held. A 2.4 MB role of U+0085
-// (quoted and JSON-escaped, 7 bytes for each 2) made an input_rejected event
-// of 8.4 MB, over the message limit: the relay retried it for ever and no
-// later event of any tenant left (outside campaign F7). The message is now
-// bounded, the event leaves, and so do the others.
+// A rejection's message quotes what the input held, bounded: a 2.4 MB role
+// of U+0085 (quoted and JSON-escaped, 7 bytes for each 2) would make an
+// input_rejected event of 8.4 MB, over the message limit, which the relay
+// could never publish. The event leaves, and so do the others.
 func TestHostileFieldCannotMakeAnEventTooLarge(t *testing.T) {
 	h := start(t)
 	const conv = "poison"
@@ -587,10 +581,9 @@ func TestHostileFieldCannotMakeAnEventTooLarge(t *testing.T) {
 }
 
 // A turn of 4 MiB, the most an input may be, made of U+2028 (3 bytes each):
-// written back as \u2028 it took 8 MiB, and once any message followed it no
-// reply holding it fitted the message limit, not even a page of one, so the
-// history could not be read and a wait for a later input failed too
-// (outside campaign F3). What an input says no longer grows when written.
+// written as \u2028 it would take 8 MiB, and no reply holding it would fit the
+// message limit, not even a page of one. What an input says does not grow
+// when written, so its history reads and a wait for a later input succeeds.
 func TestLineSeparatorsDoNotDoubleATurn(t *testing.T) {
 	h := start(t, schema.Profile{ID: schema.DefaultProfileID, ContextWindow: 4_000_000, MaxTokens: 1000})
 	const conv = "separators"
@@ -619,7 +612,7 @@ func TestLineSeparatorsDoNotDoubleATurn(t *testing.T) {
 }
 
 // One tenant's flood of waits may hold only its share of the queries in
-// flight: the others' queries are still answered (outside campaign M3).
+// flight: the others' queries are still answered.
 // The bounds are small here: 4 reads and 40 waits, 11 queries per tenant.
 func TestOneTenantsWaitFloodLeavesTheOthersRoom(t *testing.T) {
 	h := startWith(t, pipeline.Config{Lanes: 4, AckWait: 5 * time.Second, MaxDeliver: 5, RetryBudget: time.Second,
@@ -660,9 +653,9 @@ func TestOneTenantsWaitFloodLeavesTheOthersRoom(t *testing.T) {
 	}
 }
 
-// A store that cannot commit (here closed under the runner; in the campaign a
+// A store that cannot commit (here closed under the runner; in production a
 // full disk) makes the instance not ready, saying why, instead of staying
-// ready while nothing commits (outside campaign C, F3).
+// ready while nothing commits.
 func TestStoreThatCannotCommitIsNotReady(t *testing.T) {
 	// A short shutdown: the runner ends still holding the input it cannot
 	// commit.
