@@ -9,6 +9,7 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/changelog"
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
 )
 
 // follower reads the changelog of the partitions of its shard this
@@ -143,13 +144,13 @@ func containsInt(s []int, v int) bool {
 
 func (f *follower) run(ctx context.Context) {
 	defer close(f.out)
-	backoff := newBackoff(250*time.Millisecond, 2*time.Second)
+	retry := backoff.New(backoff.Policy{First: 250 * time.Millisecond, Max: 2 * time.Second, Jitter: true})
 	// A retry (the committer could not apply what was read) restarts the
 	// run after a pause, doubling from 50 ms to 2 s while runs keep ending
 	// within seconds: the store is failing then (a full disk), and
 	// restarting at once made 150 runs a second, each a new ordered
 	// consumer on CTX_STATE, up to the server's consumer limit.
-	restarts := newBackoff(50*time.Millisecond, 2*time.Second)
+	restarts := backoff.New(backoff.Policy{First: 50 * time.Millisecond, Max: 2 * time.Second, Jitter: true})
 	for ctx.Err() == nil {
 		started := time.Now()
 		fctx, cancel := context.WithCancel(ctx)
@@ -190,17 +191,17 @@ func (f *follower) run(ctx context.Context) {
 		}
 		if restarted {
 			if refollow || time.Since(started) > 5*time.Second {
-				restarts.reset()
+				restarts.Reset()
 				continue
 			}
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(restarts.next()):
+			case <-time.After(restarts.Next()):
 			}
 			continue
 		}
-		wait := backoff.next()
+		wait := retry.Next()
 		f.r.Log.Warn("following the changelog failed; following again", "from", pl.from, "err", err, "retry_in", wait)
 		select {
 		case <-ctx.Done():

@@ -1,7 +1,6 @@
 package pipeline
 
 import (
-	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -71,22 +70,3 @@ func (h *health) ready(now time.Time, maxAge time.Duration) (bool, string) {
 	}
 	return true, "consuming"
 }
-
-// backoff is capped exponential backoff with jitter.
-type backoff struct {
-	min, max, cur time.Duration
-}
-
-func newBackoff(min, max time.Duration) *backoff { return &backoff{min: min, max: max} }
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else {
-		b.cur = min(2*b.cur, b.max)
-	}
-	// ±20 %: instances that failed together do not retry together.
-	return b.cur + time.Duration((rand.Float64()-0.5)*0.4*float64(b.cur))
-}
-
-func (b *backoff) reset() { b.cur = 0 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/changelog"
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -209,7 +210,7 @@ func (r *Runner) consume(ctx context.Context) error {
 // partitionLoop pulls partition p's consumer, rebuilding the iterator (and
 // the consumer, if it is gone) after any failure, with backoff.
 func (r *Runner) partitionLoop(ctx context.Context, p int) error {
-	backoff := newBackoff(250*time.Millisecond, 2*time.Second)
+	retry := backoff.New(backoff.Policy{First: 250 * time.Millisecond, Max: 2 * time.Second, Jitter: true})
 	var failedAt time.Time
 	failures := 0
 	for ctx.Err() == nil {
@@ -222,7 +223,7 @@ func (r *Runner) partitionLoop(ctx context.Context, p int) error {
 				r.Log.Info("consuming again", "partition", p, "failures", failures, "down_for", time.Since(failedAt).Round(time.Millisecond))
 				failures = 0
 			}
-			backoff.reset()
+			retry.Reset()
 		})
 		if ctx.Err() != nil {
 			break
@@ -246,7 +247,7 @@ func (r *Runner) partitionLoop(ctx context.Context, p int) error {
 		failures++
 		r.health.probeFailed(err)
 		r.Metrics.Inc("ctxpipe_consumer_rebuilds_total", "")
-		wait := backoff.next()
+		wait := retry.Next()
 		r.Log.Warn("partition consumer failed; rebuilding it", "partition", p, "err", err, "attempt", failures, "retry_in", wait)
 		select {
 		case <-ctx.Done():

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -128,7 +129,7 @@ func WatchProfiles(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger,
 		return nil, err
 	}
 	go func() {
-		backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+		retry := backoff.New(backoff.Policy{First: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: true})
 		for {
 			ended := w != nil && p.follow(ctx, w, reconnected)
 			if w != nil {
@@ -141,7 +142,7 @@ func WatchProfiles(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger,
 				log.Warn("profile watch ended; watching again")
 			}
 			if w, err = p.watch(ctx, false); err != nil {
-				wait := backoff.next()
+				wait := retry.Next()
 				log.Error("cannot watch profiles; retrying", "err", err, "retry_in", wait)
 				select {
 				case <-ctx.Done():
@@ -150,7 +151,7 @@ func WatchProfiles(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger,
 				}
 				continue
 			}
-			backoff.reset()
+			retry.Reset()
 			log.Info("watching profiles again", "profiles", len(p.IDs()))
 		}
 	}()
