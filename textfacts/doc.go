@@ -11,7 +11,9 @@
 //   - errors: LastErrorLine, the last line of a tool output that reports an
 //     error, and FailureLine, what a failed call's output says (errors.go);
 //   - the masked stand-in that replaces a tool result's body: its prefix,
-//     how it is written and how its error line is read back (masked.go).
+//     how it is written and how its error line is read back (masked.go);
+//   - the text helpers these share with their readers: Clip, Head and
+//     CollapseSpace (text.go).
 //
 // The scanners are written by hand because they run over every tool input
 // and output of every condensed span; reference_test.go holds them equal to
