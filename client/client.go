@@ -27,8 +27,9 @@
 // same subjects and the server maps them onto the tenant's. From the
 // service's own account, WithTenant reaches one tenant's conversations.
 //
-// Layering: client sits above schema and bus; cmd/publisher and the
-// dashboard use it, and nothing below cmd/ imports it.
+// Layering: client sits above schema and bus; cmd/publisher and the proxy
+// use it, the dashboard's tests drive the dashboard through it, and the
+// service itself never imports it.
 package client
 
 import (
@@ -72,8 +73,8 @@ func WithTimeout(d time.Duration) Option {
 // WithTenant addresses tenant's conversations from the service's own
 // account, where the server maps each tenant's subjects (ctx.in.<tenant>.
 // <conv>.<kind>, ctx.q.<tenant>.<verb>, ctx.events.<tenant>.<conv>.<type>):
-// for an operator's tool or the dashboard. A client inside a tenant's
-// account needs no option: it uses the plain subjects. An invalid tenant
+// for an operator's tool. A client inside a tenant's account needs no
+// option: it uses the plain subjects. An invalid tenant
 // makes New fail.
 func WithTenant(tenant string) Option {
 	return func(c *Client) { c.tenant = tenant }
