@@ -130,8 +130,8 @@ func (s *Set) Close() error {
 	return errors.Join(errs...)
 }
 
-// The reads below serve the dashboard, which sees all of the instance's
-// conversations at once.
+// The reads below span all of the instance's conversations at once, across
+// every file of the set.
 
 // ConversationInfos lists the conversations of every file, each from the
 // file of its partition (a file may keep stale copies of partitions mapped

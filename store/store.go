@@ -24,8 +24,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-
-	sqlite3 "github.com/mattn/go-sqlite3"
 )
 
 //go:embed migrations/*.sql
@@ -481,16 +479,4 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("schema version: %w", err)
 	}
 	return v, nil
-}
-
-// IsTransient reports whether err is worth retrying unchanged: SQLite said the
-// database was busy or locked (another process holds it). Every other error,
-// such as a constraint violation or a Changes that names a missing message,
-// will fail the same way again.
-func IsTransient(err error) bool {
-	var se sqlite3.Error
-	if errors.As(err, &se) {
-		return se.Code == sqlite3.ErrBusy || se.Code == sqlite3.ErrLocked
-	}
-	return false
 }

@@ -23,7 +23,9 @@ import (
 // Every change applies to the entry's Input.ConversationID. A Before or a tag
 // change naming a message that does not exist is an error (an *EntryError);
 // deleting a message that does not exist is not (the goal is reached).
-// IsTransient tells whether a failure is worth retrying unchanged.
+// A failure because another connection holds the write lock is a
+// sqlite3.Error with code ErrBusy or ErrLocked and may succeed if retried;
+// every other failure fails the same way again.
 func (s *Store) Commit(ctx context.Context, batch []Entry) ([]Result, error) {
 	if len(batch) == 0 {
 		return nil, nil
