@@ -18,7 +18,7 @@ import (
 // in parallel and their fsyncs overlap. Partition p's conversations live in
 // file p mod F (F the number of files): every conversation of a partition,
 // every input of it and its changelog position are in one file, so a commit
-// of a partition's inputs is one transaction of one file, as before.
+// of a partition's inputs is one transaction of one file.
 //
 // File 0 is ctxpipe.db, the name a single-file instance used: an existing
 // one keeps serving the partitions it maps to now, and its positions of the
