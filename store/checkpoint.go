@@ -13,8 +13,7 @@ import (
 // a goroutine of its own, on a connection of its own, beside the commits.
 // Left to SQLite, the commit that takes the WAL past 1,000 pages copies them
 // itself and fsyncs the file before it returns: that commit's inputs wait
-// for it, and so does every round queued behind the single writer (10–20 %
-// of BenchmarkPipeline's time).
+// for it, and so does every round queued behind the single writer.
 //
 // A passive checkpoint takes no lock a writer or a reader waits on, so
 // commits go on while it copies. The writer keeps SQLite's own checkpoint

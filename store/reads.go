@@ -604,38 +604,6 @@ func (s *Store) InputStatus(ctx context.Context, id string) (status Status, reas
 	return Status(st), reason, true, nil
 }
 
-// Seen returns which of ids are already stored as inputs, of any tenant, in
-// one query. The pipeline should use SeenInputs, which is scoped to one
-// tenant and also tells a reused id from a redelivery.
-func (s *Store) Seen(ctx context.Context, ids []string) (map[string]bool, error) {
-	seen := map[string]bool{}
-	for len(ids) > 0 {
-		n := min(len(ids), 500) // under SQLite's bound-parameter limit
-		args := make([]any, n)
-		for i, id := range ids[:n] {
-			args[i] = id
-		}
-		q := "SELECT id FROM inputs WHERE id IN (?" + strings.Repeat(",?", n-1) + ")"
-		rows, err := s.r.QueryContext(ctx, q, args...)
-		if err != nil {
-			return nil, fmt.Errorf("seen inputs: %w", err)
-		}
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("seen inputs: %w", err)
-			}
-			seen[id] = true
-		}
-		if err := rows.Close(); err != nil {
-			return nil, fmt.Errorf("seen inputs: %w", err)
-		}
-		ids = ids[n:]
-	}
-	return seen, nil
-}
-
 // Conversations lists the ids of the conversations that have a stored state,
 // in id order.
 func (s *Store) Conversations(ctx context.Context) ([]string, error) {

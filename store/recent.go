@@ -11,8 +11,8 @@ import (
 // appended, so that an incremental history read (an agent's read after
 // every turn) that needs only those is answered without SQLite. In WAL mode
 // a reader connection drops its whole page cache whenever the file changed,
-// so under load every such read started cold: a third of the agent
-// workload's CPU went to them.
+// so under a steady write load nearly every such read would start cold and
+// read its pages again.
 //
 // It is fed by Tx.Commit, after the COMMIT, with what the transaction
 // stored, and it only ever describes a committed state: for a conversation

@@ -18,7 +18,7 @@ import (
 // in parallel and their fsyncs overlap. Partition p's conversations live in
 // file p mod F (F the number of files): every conversation of a partition,
 // every input of it and its changelog position are in one file, so a commit
-// of a partition's inputs is one transaction of one file, as before.
+// of a partition's inputs is one transaction of one file.
 //
 // File 0 is ctxpipe.db, the name a single-file instance used: an existing
 // one keeps serving the partitions it maps to now, and its positions of the
@@ -130,8 +130,8 @@ func (s *Set) Close() error {
 	return errors.Join(errs...)
 }
 
-// The reads below serve the dashboard, which sees all of the instance's
-// conversations at once.
+// The reads below span all of the instance's conversations at once, across
+// every file of the set.
 
 // ConversationInfos lists the conversations of every file, each from the
 // file of its partition (a file may keep stale copies of partitions mapped

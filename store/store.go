@@ -1,12 +1,3 @@
-// Package store keeps ctxpipe's state in one SQLite file: every input ever
-// accepted, each conversation's full message history and small state, every
-// event, and the outbox that a Relay publishes to CTX_EVENTS.
-//
-// Writes go through one connection (SQLite has one writer anyway; queueing in
-// Go is cheaper than SQLITE_BUSY retries) and commit the changes of many
-// inputs in one transaction with synchronous=FULL, so an acked input survives
-// power loss at the cost of one fsync per batch. Reads use a separate
-// read-only pool: in WAL mode readers never wait behind a writer.
 package store
 
 import (
@@ -24,8 +15,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-
-	sqlite3 "github.com/mattn/go-sqlite3"
 )
 
 //go:embed migrations/*.sql
@@ -134,7 +123,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	// _txlock=immediate: every write transaction takes the write lock at
 	// BEGIN, so it can never fail later on a read-to-write upgrade.
 	// _stmt_cache_size: the committer's statements are prepared once, not
-	// in every transaction (commit.go).
+	// in every transaction (apply.go, sql.go).
 	w, err := sql.Open("sqlite3", dsn(abs, "_journal_mode=WAL&_synchronous=FULL&_foreign_keys=on&_txlock=immediate&_stmt_cache_size=64&_busy_timeout="+busy))
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", abs, err)
@@ -481,16 +470,4 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("schema version: %w", err)
 	}
 	return v, nil
-}
-
-// IsTransient reports whether err is worth retrying unchanged: SQLite said the
-// database was busy or locked (another process holds it). Every other error,
-// such as a constraint violation or a Changes that names a missing message,
-// will fail the same way again.
-func IsTransient(err error) bool {
-	var se sqlite3.Error
-	if errors.As(err, &se) {
-		return se.Code == sqlite3.ErrBusy || se.Code == sqlite3.ErrLocked
-	}
-	return false
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/google/uuid"
+	sqlite3 "github.com/mattn/go-sqlite3"
 )
 
 func openStore(t testing.TB, opts ...Option) *Store {
@@ -325,8 +326,8 @@ func TestFailedBatchCommitsNothing(t *testing.T) {
 			if !errors.As(err, &ee) || ee.Index != tc.wantIdx {
 				t.Fatalf("Commit error = %v; want an *EntryError for entry %d", err, tc.wantIdx)
 			}
-			if IsTransient(err) {
-				t.Errorf("IsTransient(%v) = true", err)
+			if isBusy(err) {
+				t.Errorf("isBusy(%v) = true", err)
 			}
 			if got := ids(messagesOf(t, s, "c")); !reflect.DeepEqual(got, []string{"m1"}) {
 				t.Errorf("c = %v, want only m1", got)
@@ -520,8 +521,8 @@ func TestDurableAcrossReopen(t *testing.T) {
 	}
 }
 
-// SQLITE_BUSY from a lock held by another connection is transient.
-func TestBusyIsTransient(t *testing.T) {
+// SQLITE_BUSY from a lock held by another connection is worth a retry.
+func TestBusyIsRetryable(t *testing.T) {
 	ctx := context.Background()
 	s := openStore(t, WithBusyTimeout(time.Millisecond))
 	other, err := sql.Open("sqlite3", "file:"+s.Path()+"?_txlock=immediate")
@@ -535,10 +536,10 @@ func TestBusyIsTransient(t *testing.T) {
 	}
 	_, err = s.Commit(ctx, []Entry{turnEntry("c", msg("c", "m", 1, schema.RoleUser, "m"))})
 	tx.Rollback()
-	if err == nil || !IsTransient(err) {
+	if err == nil || !isBusy(err) {
 		t.Fatalf("Commit under another writer's lock = %v; want a transient error", err)
 	}
-	if IsTransient(errors.New("other")) || IsTransient(nil) {
+	if isBusy(errors.New("other")) || isBusy(nil) {
 		t.Fatal("IsTransient true for a plain error")
 	}
 	commit(t, s, turnEntry("c", msg("c", "m", 1, schema.RoleUser, "m"))) // works once the lock is gone
@@ -669,4 +670,14 @@ func TestBatchStateAndPositionsAcrossEntries(t *testing.T) {
 			t.Errorf("state of %s = %+v, %v, %v; want LastTS %d", conv, st, found, err, ts)
 		}
 	}
+}
+
+// isBusy tells an error worth retrying unchanged: SQLite said the database
+// was busy or locked (another connection holds it).
+func isBusy(err error) bool {
+	var se sqlite3.Error
+	if errors.As(err, &se) {
+		return se.Code == sqlite3.ErrBusy || se.Code == sqlite3.ErrLocked
+	}
+	return false
 }

@@ -13,7 +13,7 @@ import (
 // telling a redelivery from a reused id needs (SeenInputs, Commit's
 // conflict check); its payload column is NULL. A changelog record carries
 // the same row, so the turn's bytes travel once too. Every other input
-// keeps its payload as before: a control input (condense, overflow,
+// keeps its payload: a control input (condense, overflow,
 // rewind, pin) whole, a rejected one its prefix.
 
 // payloadInMessage reports whether an input's payload is a turn whose bytes

@@ -1,7 +1,7 @@
 -- 0003: every input's payload hash and size, so a reused input id can be told
--- from an identical redelivery (issue 7, item 8) and a rejected input can keep
--- only a bounded prefix of its payload (item 7); the relay's cursor into
--- CTX_EVENTS, so it can find events it published but did not mark (item 11).
+-- from an identical redelivery and a rejected input can keep only a bounded
+-- prefix of its payload; the relay's cursor into CTX_EVENTS, so it can find
+-- events it published but did not mark.
 -- Rows stored before this migration get their hash, size and prefix in Go,
 -- in the same transaction (see backfillInputs): SQLite has no sha256.
 

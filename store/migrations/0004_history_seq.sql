@@ -1,5 +1,5 @@
--- 0004: each conversation's change sequence, for incremental history reads
--- (issue 9). history_seq.seq is bumped by every commit that changes the
+-- 0004: each conversation's change sequence, so a reader can fetch only what
+-- changed since its last read. history_seq.seq is bumped by every commit that changes the
 -- conversation's messages or tags; reset_seq is the seq of the last such
 -- commit that did more than append turns (a condense, truncation, mask,
 -- pin, rewind or an insertion before another message). messages.seq is the

@@ -1,5 +1,5 @@
--- 0006: how far this database has applied the changelog (CTX_STATE, issue
--- 10). Every committed change is first appended to its partition's subject
+-- 0006: how far this database has applied the changelog (CTX_STATE).
+-- Every committed change is first appended to its partition's subject
 -- ctx.state.<p>; this database is a projection of that log.
 -- changelog_positions.seq is the CTX_STATE sequence of the last message of
 -- partition p this database reflects; changelog_cursor is the stream

@@ -8,12 +8,12 @@ import (
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
-// Reads for the dashboard (package dashboard): every conversation at once
-// with its last change, and a cheap mark that moves whenever any input is
-// stored, so a live page can tell when to read again without re-reading
-// every conversation on a timer.
+// Reads over every conversation at once: each with its state, last change
+// and message counts, and a cheap mark that moves whenever any input is
+// stored, so a reader that polls can tell when to read again without
+// re-reading every conversation.
 
-// ConversationInfo is one stored conversation as the dashboard lists it.
+// ConversationInfo is one stored conversation as ConversationInfos lists it.
 type ConversationInfo struct {
 	Key       string // the conversation key, <tenant>.<conv> or <conv>
 	State     schema.ConversationState
