@@ -18,7 +18,6 @@ import (
 	"github.com/ctxpipe/ctxpipe/client"
 	"github.com/ctxpipe/ctxpipe/client/clienttest"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
-	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -33,17 +32,6 @@ func newClient(t *testing.T, opts ...clienttest.Option) (*client.Client, *client
 		t.Fatal(err)
 	}
 	return c, svc, nc
-}
-
-// The client reads the wire names from schema; the service's own copies
-// must agree until it does too.
-func TestNamesMatchTheService(t *testing.T) {
-	if schema.ProgressSubjectPrefix != pipeline.ProgressPrefix {
-		t.Fatalf("schema.ProgressSubjectPrefix %q, the service's %q", schema.ProgressSubjectPrefix, pipeline.ProgressPrefix)
-	}
-	if schema.QueryInputRejected != pipeline.QueryInputRejected {
-		t.Fatalf("schema.QueryInputRejected %q, the service's %q", schema.QueryInputRejected, pipeline.QueryInputRejected)
-	}
 }
 
 func TestAppendWaitHistoryRoundTrip(t *testing.T) {

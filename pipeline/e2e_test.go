@@ -556,7 +556,7 @@ func TestPoisonDoesNotBlockLane(t *testing.T) {
 	}
 	req, _ := json.Marshal(schema.HistoryRequest{ConversationID: conv, WaitFor: bad[1].id})
 	msg, err := h.nc.Request(schema.SubjectHistory, req, 5*time.Second)
-	if err != nil || !strings.Contains(string(msg.Data), string(pipeline.QueryInputRejected)) {
+	if err != nil || !strings.Contains(string(msg.Data), string(schema.QueryInputRejected)) {
 		t.Fatalf("wait_for a rejected input: %s %v", msg.Data, err)
 	}
 }

@@ -78,7 +78,7 @@ func TestReusedInputIDIsRejected(t *testing.T) {
 	// ... it is told its input was rejected, and why, rather than left to
 	// time out: after the commit, from the store,
 	if _, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: "thief", WaitFor: first.ID}); qe == nil ||
-		qe.Code != pipeline.QueryInputRejected || !strings.Contains(qe.Message, string(schema.ReasonDuplicateID)) {
+		qe.Code != schema.QueryInputRejected || !strings.Contains(qe.Message, string(schema.ReasonDuplicateID)) {
 		t.Fatalf("wait_for the reused id where it was rejected: %+v", qe)
 	}
 	// and while it waits, from the commit.
@@ -99,7 +99,7 @@ func TestReusedInputIDIsRejected(t *testing.T) {
 	select {
 	case data := <-answered:
 		var qe schema.QueryError
-		if json.Unmarshal(data, &qe) != nil || qe.Error.Code != pipeline.QueryInputRejected {
+		if json.Unmarshal(data, &qe) != nil || qe.Error.Code != schema.QueryInputRejected {
 			t.Fatalf("a wait in progress for the reused id: %s", data)
 		}
 	case <-time.After(8 * time.Second):
@@ -115,7 +115,7 @@ func TestControlOnUnknownConversationStoresNothing(t *testing.T) {
 	h.control("ghost", schema.KindCondense, schema.Input{Trigger: schema.TriggerManual})
 	req, _ := json.Marshal(schema.HistoryRequest{ConversationID: "ghost", WaitFor: id})
 	msg, err := h.nc.Request(schema.SubjectHistory, req, 5*time.Second)
-	if err != nil || !strings.Contains(string(msg.Data), string(pipeline.QueryInputRejected)) {
+	if err != nil || !strings.Contains(string(msg.Data), string(schema.QueryInputRejected)) {
 		t.Fatalf("wait_for the overflow: %s %v", msg.Data, err)
 	}
 	if _, found, err := h.store.State(context.Background(), "ghost"); err != nil || found {
@@ -433,7 +433,7 @@ func TestWaitForIsAnsweredByTheCommit(t *testing.T) {
 		len(rep.Messages) != 2 || rep.Messages[1].ID != good.ID {
 		t.Fatalf("wait_for an applied turn: %s", data)
 	}
-	if data := <-badReply; !strings.Contains(data, string(pipeline.QueryInputRejected)) {
+	if data := <-badReply; !strings.Contains(data, string(schema.QueryInputRejected)) {
 		t.Fatalf("wait_for a rejected turn: %s", data)
 	}
 	if data := <-otherReply; !strings.Contains(data, `"`+string(schema.QueryTimeout)+`"`) {
@@ -452,7 +452,7 @@ func TestBrokenPayloadRejectedUnderItsID(t *testing.T) {
 	payload := []byte(`{"id":"` + id + `","conversation_id":"` + conv + `","ts":1,"role":"user","content":"never closed`)
 	h.publishRaw(schema.InputSubject(conv, schema.KindTurn), id, payload)
 	_, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, WaitFor: id})
-	if qe == nil || qe.Code != pipeline.QueryInputRejected {
+	if qe == nil || qe.Code != schema.QueryInputRejected {
 		t.Fatalf("wait_for the broken payload's id: %v, want input_rejected", qe)
 	}
 	// Again, past the stream's duplicate window (another Nats-Msg-Id).
@@ -557,7 +557,7 @@ func TestHostileFieldCannotMakeAnEventTooLarge(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.publishRaw(schema.InputSubject(conv, schema.KindTurn), id, payload)
-	if _, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, WaitFor: id}); qe == nil || qe.Code != pipeline.QueryInputRejected {
+	if _, qe, _ := h.historyReq(schema.HistoryRequest{ConversationID: conv, WaitFor: id}); qe == nil || qe.Code != schema.QueryInputRejected {
 		t.Fatalf("wait_for the hostile turn: %v, want input_rejected", qe)
 	}
 	var rejected *schema.InputRejected

@@ -15,25 +15,18 @@ import (
 	"github.com/ctxpipe/ctxpipe/store"
 )
 
-// Progress subjects. A context_managing event is announced on
+// A context_managing event is announced on
 // ctx.progress.<conv>.context_managing, as core NATS, the moment a condense
 // starts, so a UI can show "condensing…" while the summarizer runs. No stream
 // captures ctx.progress.>: it is a hint that may be lost and may announce a
 // condense that a crash then undoes. The record is ctx.events.<conv>.<type>
 // (CTX_EVENTS), where the outbox relay publishes every event SQLite
 // committed, context_managing included, each once.
-const (
-	// ProgressPrefix starts every progress subject.
-	ProgressPrefix = "ctx.progress."
-	// ProgressSubjects matches every progress subject (for subscribers and
-	// permissions).
-	ProgressSubjects = ProgressPrefix + ">"
-)
-
+//
 // ProgressSubject is the subject a progress event of conversation conv and
-// type t goes to: ctx.progress.<conv>.<type>.
+// type t goes to: ctx.progress.<conv>.<type> (schema.ProgressSubjectPrefix).
 func ProgressSubject(conv string, t schema.EventType) string {
-	return ProgressPrefix + conv + "." + string(t)
+	return schema.ProgressSubjectPrefix + conv + "." + string(t)
 }
 
 // DefaultScanLimit bounds how many messages JetStreamPublisher.PublishedAfter

@@ -241,7 +241,7 @@ func TestProgressIsNotAnEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	progress, err := nc.SubscribeSync(pipeline.ProgressSubjects)
+	progress, err := nc.SubscribeSync(schema.ProgressSubjectPrefix + ">")
 	if err != nil {
 		t.Fatal(err)
 	}

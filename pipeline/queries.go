@@ -18,10 +18,6 @@ import (
 	"github.com/ctxpipe/ctxpipe/store"
 )
 
-// QueryInputRejected answers a history query whose wait_for input was
-// rejected: the agent learns its turn did not land.
-const QueryInputRejected schema.QueryCode = "input_rejected"
-
 // defaultWait is how long wait_for waits when the request names no timeout.
 const defaultWait = 10 * time.Second
 
@@ -486,7 +482,7 @@ func encodeHistory(conv string, view schema.View, page historyPage, bodies map[s
 func (r *Runner) waitFor(ctx context.Context, conv, id string, timeout time.Duration) error {
 	answer := func(status store.Status, reason string) error {
 		if status == store.StatusRejected {
-			return schema.QueryErrorf(QueryInputRejected, "input %s was rejected: %s", id, reason)
+			return schema.QueryErrorf(schema.QueryInputRejected, "input %s was rejected: %s", id, reason)
 		}
 		return nil
 	}

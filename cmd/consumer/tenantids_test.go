@@ -10,7 +10,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ctxpipe/ctxpipe/bus"
-	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -145,7 +144,7 @@ func TestTenantsShareNoInputIDs(t *testing.T) {
 	}
 	agents["acme"].publishTurn(elsewhere)
 	_, err := agents["acme"].history("elsewhere", schema.ViewFull, own.ID, 30*time.Second)
-	if qe, ok := err.(*schema.QueryErrorBody); !ok || qe.Code != pipeline.QueryInputRejected || !strings.Contains(qe.Message, string(schema.ReasonDuplicateID)) {
+	if qe, ok := err.(*schema.QueryErrorBody); !ok || qe.Code != schema.QueryInputRejected || !strings.Contains(qe.Message, string(schema.ReasonDuplicateID)) {
 		t.Fatalf("acme reusing its own id in another conversation: %v, want input_rejected (duplicate_id)", err)
 	}
 }
