@@ -32,8 +32,22 @@ func heldPartitions(names []string, name string, n, standby int) []int {
 	return out
 }
 
+// pulledPartitions is how many partitions pipeline.Assign has instance name
+// pull among names.
+func pulledPartitions(names []string, name string, n int) int {
+	a := pipeline.Assign(n+1, names, name, true, 0)
+	pulled := 0
+	for _, ok := range a.Pull {
+		if ok {
+			pulled++
+		}
+	}
+	return pulled
+}
+
 // waitHolding waits until each instance holds (restored) the partitions
-// the assignment over all of them gives it, and has none of them behind.
+// the assignment over all of them gives it, has none of them behind, and
+// pulls exactly its share.
 func (r *scaleRig) waitHolding(n, standby int) {
 	r.t.Helper()
 	var names []string
@@ -42,14 +56,16 @@ func (r *scaleRig) waitHolding(n, standby int) {
 	}
 	for _, in := range r.insts {
 		want := float64(len(heldPartitions(names, in.name, n, standby)))
+		pulls := float64(pulledPartitions(names, in.name, n))
 		for {
 			held, ok1 := r.gauge(in, "ctxpipe_partitions_held")
 			behind, ok2 := r.gauge(in, "ctxpipe_changelog_behind")
-			if ok1 && ok2 && held == want && behind == 0 {
+			pulling, ok3 := r.gauge(in, "ctxpipe_partitions_pulling")
+			if ok1 && ok2 && ok3 && held == want && behind == 0 && pulling == pulls {
 				break
 			}
 			if time.Now().After(r.deadline) {
-				r.t.Fatalf("%s holds %v partitions (%v behind), want %v", in, held, behind, want)
+				r.t.Fatalf("%s holds %v partitions (%v behind) and pulls %v, want %v held and %v pulled", in, held, behind, pulling, want, pulls)
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -62,8 +78,9 @@ func (r *scaleRig) waitHolding(n, standby int) {
 // partitions spread before any input arrives; a tenant's queries, answered
 // by whichever instance the queue group picks, answer for every
 // conversation (an instance that does not hold one passes the query on);
-// and each instance's SQLite file holds exactly the conversations of the
-// partitions it owns or stands by for, each whole.
+// and each
+// instance's SQLite file holds exactly the conversations of the partitions
+// it owns or stands by for, each whole.
 func TestInstancesHoldTheirPartitions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs three service binaries")
@@ -90,7 +107,9 @@ func testHoldTheirPartitions(t *testing.T, standby int) {
 	for i := 1; i <= 3; i++ {
 		r.insts = append(r.insts, &scaleInst{name: fmt.Sprintf("inst-%d", i), dataDir: filepath.Join(r.dir, fmt.Sprintf("data-%d", i))})
 	}
-	// Started together, as a deployment is.
+	// Started together, as a deployment is: the partitions spread before
+	// any input arrives (each instance pulls its share at once), so that
+	// none is taken by one instance and handed over during the load.
 	for _, in := range r.insts {
 		r.start(in)
 	}
@@ -147,15 +166,29 @@ func testHoldTheirPartitions(t *testing.T, standby int) {
 	if forwarded() == 0 {
 		t.Fatal("no query was passed on: every instance answered alone")
 	}
+	var names []string
+	for _, in := range r.insts {
+		names = append(names, in.name)
+	}
+	// Each partition's inputs were taken by its preferred instance, and
+	// none was handed over while they came: the partitions had spread
+	// before the load.
+	for _, in := range r.insts {
+		for _, m := range logMatches(in.log, ownerLine) {
+			p, _ := strconv.Atoi(m[3])
+			if m[2] != "partition taken" {
+				t.Fatalf("%s handed partition %d over during the load (%s)", in, p, m[1])
+			}
+			if want := pipeline.Preferred(p, names); want != in.name {
+				t.Fatalf("%s took partition %d during the load; %s is its owner", in, p, want)
+			}
+		}
+	}
 	r.waitHolding(n, standby)
 	for _, in := range r.insts {
 		r.stop(in)
 	}
 
-	var names []string
-	for _, in := range r.insts {
-		names = append(names, in.name)
-	}
 	copies := map[string]int{}
 	for _, in := range r.insts {
 		held := heldPartitions(names, in.name, n, standby)
