@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,7 +82,7 @@ func (r *scaleRig) waitHolding(n, standby int) {
 // partitions spread before any input arrives; a tenant's queries, answered
 // by whichever instance the queue group picks, answer for every
 // conversation (an instance that does not hold one passes the query on);
-// and each
+// every instance's dashboard lists and shows every conversation; and each
 // instance's SQLite file holds exactly the conversations of the partitions
 // it owns or stands by for, each whole.
 func TestInstancesHoldTheirPartitions(t *testing.T) {
@@ -184,6 +188,7 @@ func testHoldTheirPartitions(t *testing.T, standby int) {
 			}
 		}
 	}
+	checkDashboards(t, r.insts, sent, n, turns)
 	r.waitHolding(n, standby)
 	for _, in := range r.insts {
 		r.stop(in)
@@ -243,4 +248,107 @@ func idsOf2(msgs []schema.Message) []string {
 		}
 	}
 	return out
+}
+
+// checkDashboards reads the dashboard of every instance: each lists every
+// conversation sent, whichever instance holds it, with its messages, and
+// shows each one's history (read from its partition's owner); a condense
+// asked through an instance that does not hold the conversation is
+// accepted.
+func checkDashboards(t *testing.T, insts []*scaleInst, sent map[string][]schema.Turn, n, turns int) {
+	t.Helper()
+	type row struct {
+		Key      string `json:"key"`
+		Messages int    `json:"messages"`
+	}
+	var want []string
+	for conv := range sent {
+		want = append(want, schema.ConversationKey("acme", conv))
+	}
+	sort.Strings(want)
+	for _, in := range insts {
+		var list struct {
+			Conversations []row `json:"conversations"`
+			Missing       []int `json:"missing_partitions"`
+		}
+		code, body := httpGet(t, "http://"+in.http+"/api/conversations")
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &list) != nil {
+			t.Fatalf("%s's dashboard list: %d %s", in, code, body)
+		}
+		var got []string
+		for _, r := range list.Conversations {
+			got = append(got, r.Key)
+			if r.Messages != turns {
+				t.Fatalf("%s's dashboard lists %s with %d messages, want %d", in, r.Key, r.Messages, turns)
+			}
+		}
+		sort.Strings(got)
+		if !slices.Equal(got, want) || len(list.Missing) != 0 {
+			t.Fatalf("%s's dashboard lists %v (partitions missing: %v), want every conversation %v", in, got, list.Missing, want)
+		}
+	}
+	i := 0
+	for conv, tns := range sent {
+		in := insts[i%len(insts)]
+		i++
+		key := schema.ConversationKey("acme", conv)
+		var view struct {
+			History []struct {
+				ID string `json:"id"`
+			} `json:"history"`
+		}
+		code, body := httpGet(t, "http://"+in.http+"/api/conversations/"+key)
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &view) != nil {
+			t.Fatalf("%s's dashboard view of %s: %d %s", in, key, code, body)
+		}
+		var ids []string
+		for _, h := range view.History {
+			ids = append(ids, h.ID)
+		}
+		if !slices.Equal(ids, idsOf(tns)) {
+			t.Fatalf("%s's dashboard shows %s with %v, want %v", in, key, ids, idsOf(tns))
+		}
+	}
+	if code, body := httpGet(t, "http://"+insts[0].http+"/api/conversations/acme.never-sent"); code != http.StatusNotFound {
+		t.Fatalf("a conversation nobody sent: %d %s, want 404", code, body)
+	}
+	// A control asked through an instance that does not hold the
+	// conversation finds it (at its owner): this rewind without a ts then
+	// fails its own check, changing nothing; one of a conversation nobody
+	// sent is not found.
+	var names []string
+	for _, in := range insts {
+		names = append(names, in.name)
+	}
+	for conv := range sent {
+		key := schema.ConversationKey("acme", conv)
+		owner := pipeline.Preferred(bus.PartitionOf("acme", conv, n), names)
+		for _, in := range insts {
+			if in.name == owner {
+				continue
+			}
+			if code, body := httpPost(t, "http://"+in.http+"/api/conversations/"+key+"/rewind", `{}`); code != http.StatusBadRequest || !strings.Contains(body, "needs ts") {
+				t.Fatalf("a rewind of %s without a ts through %s (not its owner %s): %d %s, want 400", key, in, owner, code, body)
+			}
+			if code, body := httpPost(t, "http://"+in.http+"/api/conversations/acme.never-sent/rewind", `{}`); code != http.StatusNotFound {
+				t.Fatalf("a rewind of a conversation nobody sent: %d %s, want 404", code, body)
+			}
+			return
+		}
+	}
+}
+
+// httpPost posts a JSON body and returns the status and the answer.
+func httpPost(t *testing.T, url, body string) (int, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
 }

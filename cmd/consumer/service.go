@@ -346,7 +346,10 @@ func (m *Main) Run(ctx context.Context) error {
 			hosts = append(hosts, h)
 		}
 	}
-	if err := m.serveHTTP(dashboard.Deps{Store: m.stores, JS: js, Profiles: profiles, Globals: c.Globals, Log: log, Hosts: hosts}); err != nil {
+	// The dashboard reads through every instance: each holds only its
+	// partitions' conversations.
+	browser := pipeline.Browser{R: m.runner, NC: m.nc}
+	if err := m.serveHTTP(dashboard.Deps{Store: m.stores, Source: browser, JS: js, Profiles: profiles, Globals: c.Globals, Log: log, Hosts: hosts}); err != nil {
 		return err
 	}
 	endpoint := "offline extractive condenser"
