@@ -114,15 +114,22 @@ func (w *liveWatch) live(ctx context.Context, self string) ([]string, error) {
 }
 
 // run watches the instance locks until ctx ends, starting the watch again
-// after a failure.
-func (w *liveWatch) run(ctx context.Context, kv jetstream.KeyValue, onErr func(error)) {
+// after a failure, or when it has not shown this instance's (self's) own
+// refreshes for restartStale: a watch that stopped delivering without
+// failing would otherwise leave Live failing, and the instance keeping its
+// last assignment, for good.
+func (w *liveWatch) run(ctx context.Context, kv jetstream.KeyValue, self string, onErr func(error)) {
 	backoff := newBackoff(250*time.Millisecond, 5*time.Second)
 	for ctx.Err() == nil {
-		err := w.watchOnce(ctx, kv)
+		began := time.Now()
+		err := w.watchOnce(ctx, kv, self)
 		if ctx.Err() != nil {
 			return
 		}
 		onErr(err)
+		if time.Since(began) > time.Minute {
+			backoff.reset()
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -131,12 +138,19 @@ func (w *liveWatch) run(ctx context.Context, kv jetstream.KeyValue, onErr func(e
 	}
 }
 
-func (w *liveWatch) watchOnce(ctx context.Context, kv jetstream.KeyValue) error {
+// restartStale is how long the watch may go without showing this
+// instance's own refresh before it is started again.
+const restartStale = 3 * liveWithin
+
+func (w *liveWatch) watchOnce(ctx context.Context, kv jetstream.KeyValue, self string) error {
 	kw, err := kv.Watch(ctx, "instance.*")
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", LocksBucket, err)
 	}
 	defer func() { _ = kw.Stop() }()
+	started := time.Now()
+	t := time.NewTicker(liveWithin)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -146,6 +160,16 @@ func (w *liveWatch) watchOnce(ctx context.Context, kv jetstream.KeyValue) error 
 				return errors.New("the watch of " + LocksBucket + " ended")
 			}
 			w.put(e)
+		case now := <-t.C:
+			if now.Sub(started) < restartStale {
+				continue
+			}
+			w.mu.Lock()
+			s, ok := w.seen[self]
+			w.mu.Unlock()
+			if !ok || now.Sub(s.at) > restartStale {
+				return fmt.Errorf("the watch of %s has not shown this instance's lock refreshed for %v", LocksBucket, restartStale)
+			}
 		}
 	}
 }

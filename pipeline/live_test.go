@@ -1,10 +1,15 @@
 package pipeline
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/internal/natstest"
 )
 
 // The live list: refreshed within liveWithin and not catching up; the
@@ -70,5 +75,58 @@ func TestLiveFromTheWatch(t *testing.T) {
 				t.Errorf("watchCurrent: %v, want an error with %q", err, tt.stale)
 			}
 		})
+	}
+}
+
+// A watch that shows no refresh of this instance's own lock (it stopped
+// delivering, or this instance stopped refreshing) ends, so that run starts
+// it again, rather than leaving Live failing for good; one that shows the
+// refreshes goes on.
+func TestStaleWatchIsStartedAgain(t *testing.T) {
+	_, url := natstest.Run(t)
+	js, err := jetstream.New(natstest.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: LocksBucket, History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "instance.self", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	// Refreshed: the watch goes on past restartStale.
+	refreshing, stopRefreshing := context.WithCancel(ctx)
+	go func() {
+		for refreshing.Err() == nil {
+			_, _ = kv.Put(ctx, "instance.self", []byte(`{}`))
+			time.Sleep(refreshEvery)
+		}
+	}()
+	w := newLiveWatch()
+	ended := make(chan error, 1)
+	go func() { ended <- w.watchOnce(ctx, kv, "self") }()
+	select {
+	case err := <-ended:
+		t.Fatalf("a watch showing the refreshes ended: %v", err)
+	case <-time.After(restartStale + 2*liveWithin):
+	}
+	if live, err := w.live(ctx, "self"); err != nil || !slices.Equal(live, []string{"self"}) {
+		t.Fatalf("live %v, %v", live, err)
+	}
+	// No more refreshes: Live fails at once, and the watch ends soon after.
+	stopRefreshing()
+	select {
+	case err := <-ended:
+		if err == nil || !strings.Contains(err.Error(), "has not shown") {
+			t.Fatalf("the stale watch ended with %v", err)
+		}
+	case <-time.After(restartStale + 2*liveWithin):
+		t.Fatal("a watch showing no refresh of this instance's lock went on")
+	}
+	if _, err := w.live(ctx, "self"); err == nil {
+		t.Fatal("Live believed a watch that shows this instance's lock stale")
 	}
 }

@@ -144,7 +144,7 @@ func AcquireLock(ctx context.Context, js jetstream.JetStream, name string, me Ho
 func (l *InstanceLock) Hold(ctx context.Context) error {
 	// Refreshed often: a refresh is also the sign of life other instances
 	// read (Live) to decide which partitions to hand over.
-	go l.watch.run(ctx, l.kv, func(err error) {
+	go l.watch.run(ctx, l.kv, l.name, func(err error) {
 		l.log.Warn("watching the instance locks failed; watching again", "err", err)
 	})
 	t := time.NewTicker(refreshEvery)
