@@ -325,6 +325,30 @@ func TestNATSConfPermissions(t *testing.T) {
 		// A '*' token in the dashboard's control inputs: no stream takes it.
 		svc.noAck(t, ctx, "acme", "ctx.in.acme.*.condense", "ctx.in.*.c1.rewind")
 		svc.subscribeRefused(t, "_INBOX_admin.>")
+		// What is asked of every instance (the dashboard's list) reaches
+		// each one, outside the queue group.
+		other := connectAs(t, url, "ctxpipe")
+		for _, c := range []*user{svc, other} {
+			if _, err := c.nc.Subscribe("ctx.all.conversations", func(m *nats.Msg) { _ = m.Respond([]byte("here")) }); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		inbox := svc.nc.NewInbox()
+		answers, err := svc.nc.SubscribeSync(inbox)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := svc.nc.PublishRequest("ctx.all.conversations", inbox, nil); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 2 {
+			if m := next(t, answers); string(m.Data) != "here" {
+				t.Fatalf("answer %d to ctx.all.conversations: %q", i, m.Data)
+			}
+		}
 	})
 
 	// Before the tenants publish: their inputs are then stored after
@@ -526,6 +550,8 @@ func TestNATSConfPermissions(t *testing.T) {
 			// Queries passed between the service's instances carry the
 			// tenant in their subject: no tenant names one.
 			agent.publishRefused(t, "ctx.own.0."+ot+".history")
+			// Nor asks every instance for its conversations.
+			agent.publishRefused(t, "ctx.all.conversations")
 			agent.refused(t, "$JS.API.DIRECT.GET.CTX_STATE", func(ctx context.Context) error {
 				_, err := agent.js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET.CTX_STATE", []byte(`{"seq":1}`))
 				return err
@@ -534,7 +560,7 @@ func TestNATSConfPermissions(t *testing.T) {
 				_, err := agent.js.OrderedConsumer(ctx, bus.StreamState, jetstream.OrderedConsumerConfig{})
 				return err
 			})
-			for _, s := range []string{"ctx.events.>", "ctx.progress.>", "ctx.in.>", "ctx.q.>", "ctx.state.>", ">",
+			for _, s := range []string{"ctx.events.>", "ctx.progress.>", "ctx.in.>", "ctx.q.>", "ctx.state.>", "ctx.all.>", ">",
 				"_INBOX.>", "_INBOX_" + tn + "-ui.>", "_INBOX_" + ot + "-agent.>", "_INBOX_ctxpipe.>"} {
 				agent.subscribeRefused(t, s)
 			}

@@ -311,6 +311,11 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 	t := time.NewTicker(w.after / 4)
 	defer t.Stop()
 	var b behind
+	// quiet is the stream's end at which lastOf last found nothing of the
+	// watched subjects past quietLast: while the stream stays there, a
+	// request per subject a tick (an idle instance holding 32 partitions
+	// made 33 requests a second) would only say so again.
+	var quiet, quietLast uint64
 	for {
 		select {
 		case <-ctx.Done():
@@ -332,7 +337,11 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 		}
 		end := info.State.LastSeq
 		if end > last && len(w.subjects) > 0 {
-			end = w.lastOf(ctx, stream)
+			if end == quiet && last == quietLast {
+				end = last
+			} else if end = w.lastOf(ctx, stream); end != 0 && end <= last {
+				quiet, quietLast = info.State.LastSeq, last
+			}
 		}
 		if end <= last {
 			b = behind{} // idle

@@ -2,6 +2,7 @@ package changelog
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,6 +105,75 @@ func TestWatchCountsFromTheAppendNotTheIdleWait(t *testing.T) {
 	case <-time.After(4 * after):
 		t.Fatal("a follower that never got the message was not stopped")
 	}
+}
+
+// A follower of some partitions, idle while the stream's last message is
+// another partition's, is not stalled; and the watchdog asks for its
+// subjects' last messages once per end of the stream, not at every tick
+// (an idle instance holding 32 partitions made 33 requests a second). Once
+// one of its subjects holds a message past its last, it is stalled.
+func TestWatchAsksForItsSubjectsOncePerStreamEnd(t *testing.T) {
+	ctx := context.Background()
+	js, stream := stateStream(t)
+	ack, err := js.Publish(ctx, bus.StateSubject(1), []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, bus.StateSubject(2), []byte("other")); err != nil {
+		t.Fatal(err)
+	}
+	counted := &lookups{Stream: stream}
+	const after = 200 * time.Millisecond // a tick every 50 ms
+	w := &watch{after: after, last: ack.Sequence, subjects: []string{bus.StateSubject(1)}}
+	w.wait()
+	w.mu.Lock()
+	w.waiting = time.Now().Add(-10 * after)
+	w.mu.Unlock()
+	stopped := make(chan struct{})
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go w.run(wctx, counted, func() { close(stopped) })
+	time.Sleep(8 * after)
+	if n := counted.n.Load(); n != 1 {
+		t.Fatalf("%d lookups of the subjects' last message over %d ticks at one stream end, want 1", n, 8*4)
+	}
+	// Another partition's message moves the end: asked once more, still
+	// not stalled.
+	if _, err := js.Publish(ctx, bus.StateSubject(2), []byte("other")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(8 * after)
+	select {
+	case <-stopped:
+		t.Fatalf("stopped a follower whose partitions hold nothing new: %v", w.Err())
+	default:
+	}
+	if n := counted.n.Load(); n != 2 {
+		t.Fatalf("%d lookups after the end moved once, want 2", n)
+	}
+	// Its own partition's message never delivered: stalled.
+	if _, err := js.Publish(ctx, bus.StateSubject(1), []byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-stopped:
+		if w.Err() == nil {
+			t.Fatal("stopped without saying why")
+		}
+	case <-time.After(8 * after):
+		t.Fatal("a follower that never got its partition's message was not stopped")
+	}
+}
+
+// lookups counts a stream's last-message-of-subject requests.
+type lookups struct {
+	jetstream.Stream
+	n atomic.Int64
+}
+
+func (l *lookups) GetLastMsgForSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
+	l.n.Add(1)
+	return l.Stream.GetLastMsgForSubject(ctx, subject)
 }
 
 // stateStream starts a server with ctxpipe's streams and returns CTX_STATE.

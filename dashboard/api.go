@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/stages"
 )
@@ -56,6 +57,12 @@ type Live struct {
 type listReply struct {
 	Live
 	Conversations []Row `json:"conversations"`
+	// MissingPartitions are the partitions whose conversations are not
+	// listed: no instance answered for them in time (one taking another's
+	// over). Truncated says an instance had more conversations than one
+	// answer carries, and sent its most recently changed.
+	MissingPartitions []int `json:"missing_partitions,omitempty"`
+	Truncated         bool  `json:"truncated,omitempty"`
 }
 
 // row computes a conversation's figures as ctx.q.status does.
@@ -97,7 +104,7 @@ func (h *Dashboard) live(ctx context.Context) Live {
 			l.NATS = "unavailable: " + err.Error()
 		}
 	}
-	mark, err := h.d.Store.InputMark(ctx)
+	mark, err := h.d.Source.Mark(ctx)
 	if err == nil {
 		l.Mark = mark
 	}
@@ -118,14 +125,15 @@ func natsState(nc *nats.Conn) string {
 
 func (h *Dashboard) listConversations(w http.ResponseWriter, r *http.Request) {
 	rep := listReply{Live: h.live(r.Context()), Conversations: []Row{}}
-	infos, err := h.d.Store.ConversationInfos(r.Context())
+	list, err := h.d.Source.Conversations(r.Context())
 	if err != nil {
 		h.fail(w, http.StatusInternalServerError, err)
 		return
 	}
-	for _, ci := range infos {
-		rep.Conversations = append(rep.Conversations, h.row(ci.Key, ci.State, ci.Stored, ci.Hidden, ci.UpdatedAt))
+	for _, c := range list.Conversations {
+		rep.Conversations = append(rep.Conversations, h.row(c.Key, c.State, c.Stored, c.Hidden, c.UpdatedAt))
 	}
+	rep.MissingPartitions, rep.Truncated = list.Missing, list.Truncated
 	writeJSON(w, http.StatusOK, rep)
 }
 
@@ -146,37 +154,27 @@ func (h *Dashboard) conversation(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	live := h.live(ctx)
-	// One snapshot for the state, the history and the context events.
-	snap, err := h.d.Store.Load(ctx, key)
-	if err != nil {
-		h.fail(w, http.StatusInternalServerError, err)
-		return
-	}
-	if !snap.Found {
+	v, err := h.d.Source.Conversation(ctx, key)
+	if errors.Is(err, pipeline.ErrNoConversation) {
 		h.fail(w, http.StatusNotFound, fmt.Errorf("no conversation %q", key))
 		return
 	}
-	updated, _, err := h.d.Store.UpdatedAt(ctx, key)
 	if err != nil {
 		h.fail(w, http.StatusInternalServerError, err)
 		return
 	}
-	events, err := h.d.Store.Events(ctx, key)
-	if err != nil {
-		h.fail(w, http.StatusInternalServerError, err)
-		return
-	}
-	items, hidden := History(snap.Messages)
-	rep := convReply{Live: live, Row: h.row(key, snap.State, len(snap.Messages), hidden, updated),
-		History: items, Events: make([]json.RawMessage, 0, len(events)), Series: Series(snap.Messages, events)}
-	for _, e := range events {
-		b, err := schema.Marshal(e)
+	events := make([]schema.Event, 0, len(v.Events))
+	for _, raw := range v.Events {
+		e, err := schema.DecodeEvent(raw)
 		if err != nil {
-			h.fail(w, http.StatusInternalServerError, err)
+			h.fail(w, http.StatusInternalServerError, fmt.Errorf("an event of %q: %w", key, err))
 			return
 		}
-		rep.Events = append(rep.Events, b)
+		events = append(events, e)
 	}
+	items, hidden := History(v.Messages)
+	rep := convReply{Live: live, Row: h.row(key, v.State, len(v.Messages), hidden, v.UpdatedAt),
+		History: items, Events: v.Events, Series: Series(v.Messages, events)}
 	writeJSON(w, http.StatusOK, rep)
 }
 
@@ -216,13 +214,13 @@ func (h *Dashboard) control(kind schema.InputKind) http.HandlerFunc {
 			h.fail(w, http.StatusBadRequest, fmt.Errorf("instructions of %d characters; at most %d", n, schema.MaxInstructionsLen))
 			return
 		}
-		_, found, err := h.d.Store.State(r.Context(), key)
-		if err != nil {
-			h.fail(w, http.StatusInternalServerError, err)
+		_, err := h.d.Source.ConversationMark(r.Context(), key)
+		if errors.Is(err, pipeline.ErrNoConversation) {
+			h.fail(w, http.StatusNotFound, fmt.Errorf("no conversation %q", key))
 			return
 		}
-		if !found {
-			h.fail(w, http.StatusNotFound, fmt.Errorf("no conversation %q", key))
+		if err != nil {
+			h.fail(w, http.StatusInternalServerError, err)
 			return
 		}
 		_, conv := schema.SplitKey(key)

@@ -10,6 +10,7 @@
 // /healthz (the more specific patterns keep winning):
 //
 //	d, err := dashboard.New(dashboard.Deps{Store: m.store, JS: js,
+//		Source: pipeline.Browser{R: runner, NC: nc},
 //		Profiles: profiles, Globals: c.Globals, Log: log})
 //	mux.Handle("/", d)
 //	m.http.RegisterOnShutdown(d.Close) // open event streams end on Shutdown
@@ -17,9 +18,11 @@
 // The server must have no WriteTimeout: event streams stay open.
 //
 // Whose credentials. The dashboard runs inside the service and acts with the
-// service's own NATS connection, in the service's account: it reads SQLite
-// and CTX_EVENTS directly, sees every tenant's conversations (the tenant is
-// a column: conversation keys are <tenant>.<conv>, schema.SplitKey), and
+// service's own NATS connection, in the service's account: it reads the
+// conversations through the service's instances (Deps.Source; each holds
+// its own partitions' conversations) and CTX_EVENTS directly, sees every
+// tenant's conversations (the tenant is a column: conversation keys are
+// <tenant>.<conv>, schema.SplitKey), and
 // publishes the condense and rewind it is asked for on
 // ctx.in.<tenant>.<conv>.<kind>, exactly where the server maps a tenant's
 // own input. It does not log the browser user in as NATS's "ui" user: the
@@ -73,9 +76,13 @@ var staticFiles embed.FS
 // service's own.
 type Deps struct {
 	// Store is read for the conversations, their histories, states and
-	// events: a *store.Store, or the *store.Set of an instance whose state
-	// is split over files.
+	// events when Source is nil: a *store.Store, or the *store.Set of an
+	// instance whose state is split over files.
 	Store Reader
+	// Source is where conversations are read: pipeline.Browser reads
+	// every instance's (a list gathered from all of them, a conversation
+	// from its partition's owner). Nil: pipeline.StoreBrowser over Store.
+	Source Source
 	// JS reads CTX_EVENTS (an ordered consumer per open page) and publishes
 	// control inputs to CTX_IN (bus.PublishInput). Its connection's status
 	// is what the pages show as "NATS down".
@@ -95,6 +102,22 @@ type Deps struct {
 	// request may call the dashboard by (its Host header); any other is
 	// refused (see the package comment).
 	Hosts []string
+}
+
+// Source is where the dashboard reads conversations (pipeline.Browser,
+// pipeline.StoreBrowser).
+type Source interface {
+	// Conversations lists the conversations, saying which partitions'
+	// are missing (no instance answered for them in time).
+	Conversations(ctx context.Context) (pipeline.ConversationList, error)
+	// Conversation reads one; pipeline.ErrNoConversation when none is
+	// stored.
+	Conversation(ctx context.Context, key string) (pipeline.ConversationView, error)
+	// ConversationMark changes whenever conversation key does
+	// (pipeline.ErrNoConversation when none is stored).
+	ConversationMark(ctx context.Context, key string) (string, error)
+	// Mark moves whenever any conversation may have changed.
+	Mark(ctx context.Context) (int64, error)
 }
 
 // Dashboard serves the pages, the JSON API and the event streams.
@@ -123,8 +146,11 @@ func (h *Dashboard) Close() { h.closeOnce.Do(func() { close(h.done) }) }
 //	POST /api/conversations/{key}/rewind      publish a rewind {"ts","include_target"}
 //	GET  /api/events[?conv=key&after=seq]     Server-Sent Events from CTX_EVENTS
 func New(d Deps) (*Dashboard, error) {
-	if d.Store == nil || d.JS == nil || d.Profiles == nil {
-		return nil, errors.New("dashboard: Store, JS and Profiles are required")
+	if d.Store == nil && d.Source == nil || d.JS == nil || d.Profiles == nil {
+		return nil, errors.New("dashboard: Store (or Source), JS and Profiles are required")
+	}
+	if d.Source == nil {
+		d.Source = pipeline.StoreBrowser{Store: d.Store}
 	}
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)

@@ -30,6 +30,10 @@ import (
 // Without Last-Event-ID the stream starts after ?after=<seq> (the seq of
 // the snapshot the page read), else with the next event published.
 
+// settleAfter is how long after the mark moved a stream looks at it once
+// more.
+const settleAfter = time.Second
+
 // streamStart is the CTX_EVENTS sequence a stream starts at: after the
 // browser's Last-Event-ID, else after ?after, else 0 (the next one
 // published).
@@ -118,21 +122,19 @@ func (h *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 
 	convMark := func() string { return "" }
 	if key != "" {
-		// A turn of another conversation moves the store's mark but not
-		// this conversation's state. Two commits in one millisecond share
-		// an updated_at, so the state's own counters are compared too.
+		// A turn of another conversation moves the mark but not this
+		// conversation's: its own mark, from the instance holding it, says.
 		convMark = func() string {
-			at, _, err := h.d.Store.UpdatedAt(ctx, key)
-			st, _, err2 := h.d.Store.State(ctx, key)
-			if err != nil || err2 != nil {
+			m, err := h.d.Source.ConversationMark(ctx, key)
+			if err != nil {
 				return "?"
 			}
-			return fmt.Sprint(at, st.Messages, st.ContextTokens, st.Condensations, st.Truncations, st.LastTS)
+			return m
 		}
 	}
 	lastConv := convMark()
 	if mark < 0 {
-		mark, _ = h.d.Store.InputMark(ctx)
+		mark, _ = h.d.Source.Mark(ctx)
 	} else {
 		lastConv = "" // the page's snapshot is older than now: compare the first time
 	}
@@ -149,6 +151,11 @@ func (h *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 		flusher.Flush()
 		return ctx.Err() == nil
 	}
+	// A mark that moved is looked at once more settleAfter later. With
+	// several instances the mark is the changelog's, which moves when a
+	// commit is appended, a moment before the owner's file holds it: a page
+	// that read in between would otherwise wait for the next change.
+	var recheck time.Time
 	check := func() bool {
 		if s := natsState(h.d.JS.Conn()); s != nats {
 			if s == "connected" && nats != "" {
@@ -160,11 +167,17 @@ func (h *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 				return false
 			}
 		}
-		m, err := h.d.Store.InputMark(ctx)
-		if err != nil || m == mark {
+		m, err := h.d.Source.Mark(ctx)
+		switch {
+		case err != nil:
 			return true
+		case m != mark:
+			mark, recheck = m, time.Now().Add(settleAfter)
+		case recheck.IsZero() || time.Now().Before(recheck):
+			return true
+		default:
+			recheck = time.Time{}
 		}
-		mark = m
 		if c := convMark(); key == "" || c != lastConv {
 			lastConv = c
 			return send("changed", "", []byte("{}"))

@@ -20,6 +20,13 @@ import (
 // Their delivered copies come back after the ack wait and are acked as
 // duplicates. Should the silent owner still be working, the changelog's
 // fence keeps the two apart, as for any takeover.
+//
+// Only inputs delivered before this instance began pulling a partition
+// can be held by a silent owner (what is delivered to this instance's
+// pulls, it holds itself), and those come back by themselves after the ack
+// wait: so the consumers are listed only while a partition this instance
+// pulls began pulling within the ack wait (adoptDue), not every PinnedTTL
+// for the instance's whole life.
 func (r *Runner) adopt(ctx context.Context) {
 	names := map[string]int{}
 	for p := 0; p <= r.partitions; p++ {
@@ -36,6 +43,9 @@ func (r *Runner) adopt(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if !adoptDue(r.pullStarts(), time.Now(), r.cfg.AckWait) {
+			continue
 		}
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		orphaned := r.orphaned(lctx, names)
@@ -91,4 +101,30 @@ func (r *Runner) orphaned(ctx context.Context, names map[string]int) map[int][2]
 		return nil
 	}
 	return out
+}
+
+// pullStarts is, for each partition this instance pulls, when its current
+// iterator began pulling.
+func (r *Runner) pullStarts() []time.Time {
+	var out []time.Time
+	for p := range r.parts {
+		r.parts[p].set(func(s *partState) {
+			if s.stop != nil {
+				out = append(out, s.pullSince)
+			}
+		})
+	}
+	return out
+}
+
+// adoptDue tells whether a silent owner may hold inputs of a partition
+// pulled since starts: one of them began pulling within ackWait of now.
+// Past it, whatever was delivered before has come back by itself.
+func adoptDue(starts []time.Time, now time.Time, ackWait time.Duration) bool {
+	for _, t := range starts {
+		if now.Sub(t) < ackWait {
+			return true
+		}
+	}
+	return false
 }

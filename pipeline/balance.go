@@ -72,6 +72,7 @@ type partState struct {
 	owning    bool               // this instance holds the pin (received under it)
 	lastInput time.Time          // when the last input came under the pin
 	stop      func()             // stops the partition's iterator; nil when none
+	pullSince time.Time          // when the iterator stop stops began pulling
 	yielding  bool               // stop was called to hand the partition over
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -32,29 +31,10 @@ const (
 // Live lists the names of the instances whose lock was refreshed within
 // liveWithin and which are not catching up: the ones that may own
 // partitions now. A killed instance drops out of it within seconds, long
-// before its lock lapses.
+// before its lock lapses. It reads the watch Hold keeps (live.go), waiting
+// for its first values, and fails while the watch is behind.
 func (l *InstanceLock) Live(ctx context.Context) ([]string, error) {
-	lister, err := l.kv.ListKeys(ctx, jetstream.MetaOnly())
-	if err != nil {
-		return nil, fmt.Errorf("list instances: %w", err)
-	}
-	defer lister.Stop()
-	var names []string
-	for key := range lister.Keys() {
-		name, ok := strings.CutPrefix(key, "instance.")
-		if !ok {
-			continue
-		}
-		e, err := l.kv.Get(ctx, key)
-		if err != nil {
-			continue // deleted meanwhile
-		}
-		var h Holder
-		if time.Since(e.Created()) <= liveWithin && json.Unmarshal(e.Value(), &h) == nil && !h.CatchingUp {
-			names = append(names, name)
-		}
-	}
-	return names, nil
+	return l.watch.live(ctx, l.name)
 }
 
 // ErrLockHeld means another live instance runs under this name.
@@ -85,9 +65,11 @@ func (h Holder) same(o Holder) bool { return h.Host == o.Host && h.DataDir == o.
 // lock refuses the second with a clear error.
 type InstanceLock struct {
 	kv       jetstream.KeyValue
+	name     string
 	key      string
 	revision uint64
 	log      *slog.Logger
+	watch    *liveWatch
 
 	mu sync.Mutex
 	me Holder
@@ -129,7 +111,7 @@ func AcquireLock(ctx context.Context, js jetstream.JetStream, name string, me Ho
 	if err != nil {
 		return nil, fmt.Errorf("lock bucket %s: %w", LocksBucket, err)
 	}
-	l := &InstanceLock{kv: kv, key: "instance." + name, me: me, log: log}
+	l := &InstanceLock{kv: kv, name: name, key: "instance." + name, me: me, log: log, watch: newLiveWatch()}
 	if me.Since == "" {
 		l.me.Since = time.Now().UTC().Format(time.RFC3339)
 	}
@@ -162,6 +144,9 @@ func AcquireLock(ctx context.Context, js jetstream.JetStream, name string, me Ho
 func (l *InstanceLock) Hold(ctx context.Context) error {
 	// Refreshed often: a refresh is also the sign of life other instances
 	// read (Live) to decide which partitions to hand over.
+	go l.watch.run(ctx, l.kv, l.name, func(err error) {
+		l.log.Warn("watching the instance locks failed; watching again", "err", err)
+	})
 	t := time.NewTicker(refreshEvery)
 	defer t.Stop()
 	failing := false

@@ -291,7 +291,7 @@ func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
 	defer it.Stop()
 	stopDrain := context.AfterFunc(ctx, it.Drain)
 	defer stopDrain()
-	r.parts[p].set(func(s *partState) { s.stop = it.Stop })
+	r.parts[p].set(func(s *partState) { s.stop, s.pullSince = it.Stop, time.Now() })
 	up()
 	// term is the pin this iterator's messages came under; "" before the
 	// first. A message under another pin starts a new term: this instance

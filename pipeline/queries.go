@@ -42,10 +42,17 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 	handlers := map[schema.QueryVerb]func(context.Context, []byte) []byte{
 		schema.VerbHistory: r.History, schema.VerbStatus: r.Status, schema.VerbEvents: r.Events,
 	}
+	// Asked only by other instances, on ctx.own (browse.go).
+	internal := map[schema.QueryVerb]func(context.Context, []byte) []byte{
+		verbConversation: r.conversationReply, verbMark: r.markReply,
+	}
 	// serve answers a query. tenantOf reads the tenant, verb and partition
 	// (own: passed on by another instance; -1 otherwise) from the subject.
 	serve := func(m *nats.Msg, tenant string, verb schema.QueryVerb, own bool) {
 		h := handlers[verb]
+		if own && h == nil {
+			h = internal[verb]
+		}
 		if !SafeReply(m.Reply) {
 			// Defence in depth: a forged reply subject could make the
 			// service write into a stream, a bucket or another
@@ -104,6 +111,11 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 		}
 		serve(m, tenant, verb, true)
 	}}
+	list, err := r.serveList(ctx, nc)
+	if err != nil {
+		return nil, err
+	}
+	subs = append(subs, list)
 	drain := func() error {
 		errs := []error{own.stop()}
 		for _, s := range subs {

@@ -177,6 +177,12 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	r.Metrics.Gauge("ctxpipe_changelog_cursor", "CTX_STATE sequence up to which this instance has applied the changelog of the partitions it holds.", func(context.Context) (float64, error) {
 		return float64(r.Cursor()), nil
 	})
+	r.Metrics.Gauge("ctxpipe_partitions_pulling", "Partitions whose inputs this instance pulls now: those it is preferred for among the live instances, restored.", func(context.Context) (float64, error) {
+		if r.nParts.Load() == 0 {
+			return 0, nil
+		}
+		return float64(len(r.pullStarts())), nil
+	})
 	r.Metrics.Help("ctxpipe_partitions_restored_total", "Partitions this instance gained (as owner or standby) and restored from the changelog.")
 	r.Metrics.Help("ctxpipe_partition_restore_seconds", "From gaining a partition to holding its changelog up to its last record then.")
 	r.Metrics.Gauge("ctxpipe_partitions_held", "Partitions whose state this instance keeps (owner or standby) and has restored.", func(context.Context) (float64, error) {

@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,8 +36,22 @@ func heldPartitions(names []string, name string, n, standby int) []int {
 	return out
 }
 
+// pulledPartitions is how many partitions pipeline.Assign has instance name
+// pull among names.
+func pulledPartitions(names []string, name string, n int) int {
+	a := pipeline.Assign(n+1, names, name, true, 0)
+	pulled := 0
+	for _, ok := range a.Pull {
+		if ok {
+			pulled++
+		}
+	}
+	return pulled
+}
+
 // waitHolding waits until each instance holds (restored) the partitions
-// the assignment over all of them gives it, and has none of them behind.
+// the assignment over all of them gives it, has none of them behind, and
+// pulls exactly its share.
 func (r *scaleRig) waitHolding(n, standby int) {
 	r.t.Helper()
 	var names []string
@@ -42,14 +60,16 @@ func (r *scaleRig) waitHolding(n, standby int) {
 	}
 	for _, in := range r.insts {
 		want := float64(len(heldPartitions(names, in.name, n, standby)))
+		pulls := float64(pulledPartitions(names, in.name, n))
 		for {
 			held, ok1 := r.gauge(in, "ctxpipe_partitions_held")
 			behind, ok2 := r.gauge(in, "ctxpipe_changelog_behind")
-			if ok1 && ok2 && held == want && behind == 0 {
+			pulling, ok3 := r.gauge(in, "ctxpipe_partitions_pulling")
+			if ok1 && ok2 && ok3 && held == want && behind == 0 && pulling == pulls {
 				break
 			}
 			if time.Now().After(r.deadline) {
-				r.t.Fatalf("%s holds %v partitions (%v behind), want %v", in, held, behind, want)
+				r.t.Fatalf("%s holds %v partitions (%v behind) and pulls %v, want %v held and %v pulled", in, held, behind, pulling, want, pulls)
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -62,8 +82,9 @@ func (r *scaleRig) waitHolding(n, standby int) {
 // partitions spread before any input arrives; a tenant's queries, answered
 // by whichever instance the queue group picks, answer for every
 // conversation (an instance that does not hold one passes the query on);
-// and each instance's SQLite file holds exactly the conversations of the
-// partitions it owns or stands by for, each whole.
+// every instance's dashboard lists and shows every conversation; and each
+// instance's SQLite file holds exactly the conversations of the partitions
+// it owns or stands by for, each whole.
 func TestInstancesHoldTheirPartitions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: runs three service binaries")
@@ -90,7 +111,9 @@ func testHoldTheirPartitions(t *testing.T, standby int) {
 	for i := 1; i <= 3; i++ {
 		r.insts = append(r.insts, &scaleInst{name: fmt.Sprintf("inst-%d", i), dataDir: filepath.Join(r.dir, fmt.Sprintf("data-%d", i))})
 	}
-	// Started together, as a deployment is.
+	// Started together, as a deployment is: the partitions spread before
+	// any input arrives (each instance pulls its share at once), so that
+	// none is taken by one instance and handed over during the load.
 	for _, in := range r.insts {
 		r.start(in)
 	}
@@ -147,15 +170,30 @@ func testHoldTheirPartitions(t *testing.T, standby int) {
 	if forwarded() == 0 {
 		t.Fatal("no query was passed on: every instance answered alone")
 	}
+	var names []string
+	for _, in := range r.insts {
+		names = append(names, in.name)
+	}
+	// Each partition's inputs were taken by its preferred instance, and
+	// none was handed over while they came: the partitions had spread
+	// before the load.
+	for _, in := range r.insts {
+		for _, m := range logMatches(in.log, ownerLine) {
+			p, _ := strconv.Atoi(m[3])
+			if m[2] != "partition taken" {
+				t.Fatalf("%s handed partition %d over during the load (%s)", in, p, m[1])
+			}
+			if want := pipeline.Preferred(p, names); want != in.name {
+				t.Fatalf("%s took partition %d during the load; %s is its owner", in, p, want)
+			}
+		}
+	}
+	checkDashboards(t, r.insts, sent, n, turns)
 	r.waitHolding(n, standby)
 	for _, in := range r.insts {
 		r.stop(in)
 	}
 
-	var names []string
-	for _, in := range r.insts {
-		names = append(names, in.name)
-	}
 	copies := map[string]int{}
 	for _, in := range r.insts {
 		held := heldPartitions(names, in.name, n, standby)
@@ -210,4 +248,107 @@ func idsOf2(msgs []schema.Message) []string {
 		}
 	}
 	return out
+}
+
+// checkDashboards reads the dashboard of every instance: each lists every
+// conversation sent, whichever instance holds it, with its messages, and
+// shows each one's history (read from its partition's owner); a condense
+// asked through an instance that does not hold the conversation is
+// accepted.
+func checkDashboards(t *testing.T, insts []*scaleInst, sent map[string][]schema.Turn, n, turns int) {
+	t.Helper()
+	type row struct {
+		Key      string `json:"key"`
+		Messages int    `json:"messages"`
+	}
+	var want []string
+	for conv := range sent {
+		want = append(want, schema.ConversationKey("acme", conv))
+	}
+	sort.Strings(want)
+	for _, in := range insts {
+		var list struct {
+			Conversations []row `json:"conversations"`
+			Missing       []int `json:"missing_partitions"`
+		}
+		code, body := httpGet(t, "http://"+in.http+"/api/conversations")
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &list) != nil {
+			t.Fatalf("%s's dashboard list: %d %s", in, code, body)
+		}
+		var got []string
+		for _, r := range list.Conversations {
+			got = append(got, r.Key)
+			if r.Messages != turns {
+				t.Fatalf("%s's dashboard lists %s with %d messages, want %d", in, r.Key, r.Messages, turns)
+			}
+		}
+		sort.Strings(got)
+		if !slices.Equal(got, want) || len(list.Missing) != 0 {
+			t.Fatalf("%s's dashboard lists %v (partitions missing: %v), want every conversation %v", in, got, list.Missing, want)
+		}
+	}
+	i := 0
+	for conv, tns := range sent {
+		in := insts[i%len(insts)]
+		i++
+		key := schema.ConversationKey("acme", conv)
+		var view struct {
+			History []struct {
+				ID string `json:"id"`
+			} `json:"history"`
+		}
+		code, body := httpGet(t, "http://"+in.http+"/api/conversations/"+key)
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &view) != nil {
+			t.Fatalf("%s's dashboard view of %s: %d %s", in, key, code, body)
+		}
+		var ids []string
+		for _, h := range view.History {
+			ids = append(ids, h.ID)
+		}
+		if !slices.Equal(ids, idsOf(tns)) {
+			t.Fatalf("%s's dashboard shows %s with %v, want %v", in, key, ids, idsOf(tns))
+		}
+	}
+	if code, body := httpGet(t, "http://"+insts[0].http+"/api/conversations/acme.never-sent"); code != http.StatusNotFound {
+		t.Fatalf("a conversation nobody sent: %d %s, want 404", code, body)
+	}
+	// A control asked through an instance that does not hold the
+	// conversation finds it (at its owner): this rewind without a ts then
+	// fails its own check, changing nothing; one of a conversation nobody
+	// sent is not found.
+	var names []string
+	for _, in := range insts {
+		names = append(names, in.name)
+	}
+	for conv := range sent {
+		key := schema.ConversationKey("acme", conv)
+		owner := pipeline.Preferred(bus.PartitionOf("acme", conv, n), names)
+		for _, in := range insts {
+			if in.name == owner {
+				continue
+			}
+			if code, body := httpPost(t, "http://"+in.http+"/api/conversations/"+key+"/rewind", `{}`); code != http.StatusBadRequest || !strings.Contains(body, "needs ts") {
+				t.Fatalf("a rewind of %s without a ts through %s (not its owner %s): %d %s, want 400", key, in, owner, code, body)
+			}
+			if code, body := httpPost(t, "http://"+in.http+"/api/conversations/acme.never-sent/rewind", `{}`); code != http.StatusNotFound {
+				t.Fatalf("a rewind of a conversation nobody sent: %d %s, want 404", code, body)
+			}
+			return
+		}
+	}
+}
+
+// httpPost posts a JSON body and returns the status and the answer.
+func httpPost(t *testing.T, url, body string) (int, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
 }

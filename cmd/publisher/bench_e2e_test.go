@@ -141,8 +141,14 @@ func buildBare(b *testing.B) string {
 	return bin
 }
 
-// buildService builds the service binary (cmd/consumer).
+// buildService builds the service binary (cmd/consumer), or returns the
+// one CTXPIPE_BENCH_SERVICE names: another commit's build, to compare two
+// versions back to back under the same benchmark.
 func buildService(b *testing.B) string {
+	if bin := os.Getenv("CTXPIPE_BENCH_SERVICE"); bin != "" {
+		b.Logf("service binary %s (CTXPIPE_BENCH_SERVICE)", bin)
+		return bin
+	}
 	bin := filepath.Join(b.TempDir(), "consumer")
 	cmd := exec.Command("go", "build", "-o", bin, "../consumer")
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -23,7 +23,9 @@ import (
 // against one server started from nats.conf in the test process, and the
 // CPU seconds of all the service processes together per applied turn
 // (measured from when every instance holds its partitions, before the
-// load, to 3 s after its last turn was read back). The ratios to one
+// load, to 3 s after its last turn was read back). Before the load, each
+// instance's CPU while idle is measured apart (ms per second, per
+// instance): what an instance costs whatever the load. The ratios to one
 // instance are the figures: at most 1.5 with --standby 1 (every partition
 // applied by its owner and followed by one standby) and 1.2 with
 // --standby 0 (applied once). The machine may be shared: the ratios, not
@@ -32,10 +34,12 @@ func BenchmarkInstancesCPU(b *testing.B) {
 	bin := buildService(b)
 	const turns = 50 * 200
 	for range b.N {
-		one := instancesCPU(b, bin, 1, 1, turns)
+		one, idle := instancesCPU(b, bin, 1, 1, turns)
 		b.ReportMetric(one, "k1-µs/turn")
+		b.ReportMetric(idle, "k1-idle-ms/s")
 		for _, standby := range []int{1, 0} {
-			three := instancesCPU(b, bin, 3, standby, turns)
+			three, idle := instancesCPU(b, bin, 3, standby, turns)
+			b.ReportMetric(idle, fmt.Sprintf("k3-standby%d-idle-ms/s", standby))
 			b.ReportMetric(three, fmt.Sprintf("k3-standby%d-µs/turn", standby))
 			b.ReportMetric(three/one, fmt.Sprintf("k3-standby%d/k1", standby))
 		}
@@ -43,8 +47,9 @@ func BenchmarkInstancesCPU(b *testing.B) {
 }
 
 // instancesCPU runs k instances with --standby standby on a fresh server,
-// puts the load through them and returns their CPU µs per turn.
-func instancesCPU(b *testing.B, bin string, k, standby, turns int) float64 {
+// puts the load through them and returns their CPU µs per turn, and the
+// CPU ms per second each used while idle before the load.
+func instancesCPU(b *testing.B, bin string, k, standby, turns int) (perTurn, idle float64) {
 	b.Helper()
 	const partitions = 48
 	_, url := natstest.RunWithConfig(b, "../../nats.conf")
@@ -103,14 +108,81 @@ func instancesCPU(b *testing.B, bin string, k, standby, turns int) float64 {
 		}
 	}
 	time.Sleep(2 * time.Second) // the lock refreshes, the last handovers
+	tag := fmt.Sprintf("k%d-standby%d", k, standby)
+	// What the instances cost while nothing arrives: their fixed costs
+	// (the lock, the live list, the probes), reported apart.
+	stopIdle := profileInstances(b, names, https, tag+"-idle")
+	i0 := cpuOf(b, procs)
+	time.Sleep(idleWindow)
+	idle = float64((cpuOf(b, procs) - i0).Microseconds()) / 1000 / idleWindow.Seconds() / float64(k)
+	stopIdle()
+	stopProfiles := profileInstances(b, names, https, tag)
+	defer stopProfiles()
 	c0 := cpuOf(b, procs)
 	out := runCommand(b, []string{"load", "--convs", "50", "--turns", "200", "--size", "small", "--seed", "7", "--wait",
 		"--nats-url", url, "--nats-user", "acme-agent", "--nats-password", "acme-agent-demo-password"})
+	c1 := cpuOf(b, procs)
 	time.Sleep(3 * time.Second) // the standbys apply the last records
 	used := cpuOf(b, procs) - c0
-	b.Logf("%d instance(s), standby %d: %.2f CPU s for %d turns (%s)", k, standby, used.Seconds(), turns,
-		strings.TrimSpace(regexpLine(out, "turns/s end to end")))
-	return float64(used.Microseconds()) / float64(turns)
+	b.Logf("%d instance(s), standby %d: %.2f CPU s for %d turns, %.2f s of them in the 3 s after the load (%s)", k, standby,
+		used.Seconds(), turns, (c0 + used - c1).Seconds(), strings.TrimSpace(regexpLine(out, "turns/s end to end")))
+	for i, name := range names {
+		m := scrape(https[i])
+		b.Logf("  %s: %.0f inputs applied in %.0f commits, %.0f changelog records of others applied, %.0f queries passed on",
+			name, metric(m, `ctxpipe_inputs_total{outcome="applied"}`), metric(m, "ctxpipe_commits_total"),
+			metric(m, "ctxpipe_changelog_applied_total"), metric(m, "ctxpipe_queries_forwarded_total"))
+	}
+	return float64(used.Microseconds()) / float64(turns), idle
+}
+
+// idleWindow is how long instancesCPU measures the instances idle, before
+// the load.
+const idleWindow = 5 * time.Second
+
+// profileInstances, when CTXPIPE_BENCH_PPROF names a directory, records
+// each instance's CPU profile in 2 s slices until the returned function is
+// called (<dir>/<tag>-<name>-<i>.pprof; `go tool pprof` merges the slices
+// given together). It does nothing otherwise.
+func profileInstances(b *testing.B, names, https []string, tag string) func() {
+	b.Helper()
+	dir := os.Getenv("CTXPIPE_BENCH_PPROF")
+	if dir == "" {
+		return func() {}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{}, len(names))
+	for i, name := range names {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			c := &http.Client{Timeout: 10 * time.Second}
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := c.Get("http://" + https[i] + "/debug/pprof/profile?seconds=2")
+				if err != nil {
+					b.Logf("profile %s: %v", name, err)
+					return
+				}
+				data, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err == nil && resp.StatusCode == http.StatusOK {
+					_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%s-%02d.pprof", tag, name, n)), data, 0o644)
+				}
+			}
+		}()
+	}
+	return func() {
+		close(stop)
+		for range names {
+			<-done
+		}
+	}
 }
 
 // cpuOf is the user and system CPU time the processes used so far (Linux:

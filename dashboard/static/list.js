@@ -47,6 +47,10 @@ async function load() {
     const rep = await getJSON("/api/conversations");
     state.rows = rep.conversations;
     setBanner("error-banner", "");
+    const missing = rep.missing_partitions || [];
+    setBanner("partial-banner",
+      (missing.length ? `The conversations of partition${missing.length > 1 ? "s" : ""} ${missing.join(", ")} are not listed: no instance answered for them in time (one is taking them over). ` : "") +
+      (rep.truncated ? "An instance holds more conversations than one answer carries: only its most recently active ones are listed." : ""));
     natsBanner(rep.nats);
     render();
     if (!live) {

@@ -1,0 +1,175 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The live instances are read from a watch of ctx_locks kept open for the
+// lock's life: every refresh of every instance's lock reaches every
+// instance as it is stored, and the list is computed from what the watch
+// last delivered. Listing the bucket instead (a new consumer on the server,
+// then one request per key) every second cost each instance a steady share
+// of its idle CPU, and the server more.
+
+// lockSeen is an instance's lock as the watch last delivered it.
+type lockSeen struct {
+	at         time.Time // when the server stored it (the refresh)
+	catchingUp bool
+}
+
+// liveAt lists, sorted, the instances whose lock was refreshed within
+// liveWithin of now and which are not catching up.
+func liveAt(seen map[string]lockSeen, now time.Time) []string {
+	var names []string
+	for name, s := range seen {
+		if now.Sub(s.at) <= liveWithin && !s.catchingUp {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// watchCurrent tells whether the watch is up to date: it delivered this
+// instance's own last refresh (they come every refreshEvery). A watch that
+// stopped delivering would otherwise show every other instance dead, and
+// this one would take their partitions.
+func watchCurrent(seen map[string]lockSeen, self string, now time.Time) error {
+	s, ok := seen[self]
+	switch {
+	case !ok:
+		return fmt.Errorf("the watch of %s has not shown this instance's lock", LocksBucket)
+	case now.Sub(s.at) > liveWithin:
+		return fmt.Errorf("the watch of %s last showed this instance's lock refreshed %v ago", LocksBucket, now.Sub(s.at).Round(time.Millisecond))
+	}
+	return nil
+}
+
+// liveWatch keeps the locks the watch delivered.
+type liveWatch struct {
+	mu     sync.Mutex
+	seen   map[string]lockSeen
+	loaded chan struct{} // closed once the bucket's current keys are in
+	once   sync.Once
+}
+
+func newLiveWatch() *liveWatch {
+	return &liveWatch{seen: map[string]lockSeen{}, loaded: make(chan struct{})}
+}
+
+// put records one delivered entry; a nil one ends the initial values.
+func (w *liveWatch) put(e jetstream.KeyValueEntry) {
+	if e == nil {
+		w.once.Do(func() { close(w.loaded) })
+		return
+	}
+	name, ok := strings.CutPrefix(e.Key(), "instance.")
+	if !ok {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(w.seen, name)
+		return
+	}
+	var h Holder
+	if json.Unmarshal(e.Value(), &h) != nil {
+		return
+	}
+	w.seen[name] = lockSeen{at: e.Created(), catchingUp: h.CatchingUp}
+	// A lock that lapsed is gone from the bucket without a delete marker:
+	// forget it here too.
+	for n, s := range w.seen {
+		if e.Created().Sub(s.at) > lockTTL {
+			delete(w.seen, n)
+		}
+	}
+}
+
+// live lists the live instances once the watch has loaded (or ctx ends),
+// or fails when the watch is behind.
+func (w *liveWatch) live(ctx context.Context, self string) ([]string, error) {
+	select {
+	case <-w.loaded:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("list instances: %w", ctx.Err())
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := time.Now()
+	if err := watchCurrent(w.seen, self, now); err != nil {
+		return nil, err
+	}
+	return liveAt(w.seen, now), nil
+}
+
+// run watches the instance locks until ctx ends, starting the watch again
+// after a failure, or when it has not shown this instance's (self's) own
+// refreshes for restartStale: a watch that stopped delivering without
+// failing would otherwise leave Live failing, and the instance keeping its
+// last assignment, for good.
+func (w *liveWatch) run(ctx context.Context, kv jetstream.KeyValue, self string, onErr func(error)) {
+	backoff := newBackoff(250*time.Millisecond, 5*time.Second)
+	for ctx.Err() == nil {
+		began := time.Now()
+		err := w.watchOnce(ctx, kv, self)
+		if ctx.Err() != nil {
+			return
+		}
+		onErr(err)
+		if time.Since(began) > time.Minute {
+			backoff.reset()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff.next()):
+		}
+	}
+}
+
+// restartStale is how long the watch may go without showing this
+// instance's own refresh before it is started again.
+const restartStale = 3 * liveWithin
+
+func (w *liveWatch) watchOnce(ctx context.Context, kv jetstream.KeyValue, self string) error {
+	kw, err := kv.Watch(ctx, "instance.*")
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", LocksBucket, err)
+	}
+	defer func() { _ = kw.Stop() }()
+	started := time.Now()
+	t := time.NewTicker(liveWithin)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-kw.Updates():
+			if !ok {
+				return errors.New("the watch of " + LocksBucket + " ended")
+			}
+			w.put(e)
+		case now := <-t.C:
+			if now.Sub(started) < restartStale {
+				continue
+			}
+			w.mu.Lock()
+			s, ok := w.seen[self]
+			w.mu.Unlock()
+			if !ok || now.Sub(s.at) > restartStale {
+				return fmt.Errorf("the watch of %s has not shown this instance's lock refreshed for %v", LocksBucket, restartStale)
+			}
+		}
+	}
+}
