@@ -77,7 +77,7 @@ func (h *Dashboard) row(key string, st schema.ConversationState, stored, hidden 
 	if p, ok := h.d.Profiles.Get(pid); ok {
 		r.Window = p.ContextWindow
 		r.Allowed = int(stages.AllowedTokens(&p))
-		r.Threshold = p.EffectiveThreshold(h.d.Globals.AutoCondensePercent, nil)
+		r.Threshold, _ = p.Threshold(h.d.Globals.AutoCondensePercent)
 		r.ThresholdToken = p.ContextWindow * r.Threshold / 100
 		if p.ContextWindow > 0 {
 			r.Percent = float64(int(10000*float64(st.ContextTokens)/float64(p.ContextWindow))) / 100

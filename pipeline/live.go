@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
 )
 
 // The live instances are read from a watch of ctx_locks kept open for the
@@ -119,7 +121,7 @@ func (w *liveWatch) live(ctx context.Context, self string) ([]string, error) {
 // failing would otherwise leave Live failing, and the instance keeping its
 // last assignment, for good.
 func (w *liveWatch) run(ctx context.Context, kv jetstream.KeyValue, self string, onErr func(error)) {
-	backoff := newBackoff(250*time.Millisecond, 5*time.Second)
+	retry := backoff.New(backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second, Jitter: true})
 	for ctx.Err() == nil {
 		began := time.Now()
 		err := w.watchOnce(ctx, kv, self)
@@ -128,12 +130,12 @@ func (w *liveWatch) run(ctx context.Context, kv jetstream.KeyValue, self string,
 		}
 		onErr(err)
 		if time.Since(began) > time.Minute {
-			backoff.reset()
+			retry.Reset()
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff.next()):
+		case <-time.After(retry.Next()):
 		}
 	}
 }

@@ -583,7 +583,7 @@ func (r *Runner) Status(ctx context.Context, data []byte) []byte {
 	if p, ok := r.Profiles.Get(st.ProfileID); ok {
 		reply.ContextWindow = p.ContextWindow
 		reply.AllowedTokens = int(stages.AllowedTokens(&p))
-		reply.Threshold = p.EffectiveThreshold(r.Engine.Globals.AutoCondensePercent, nil)
+		reply.Threshold, _ = p.Threshold(r.Engine.Globals.AutoCondensePercent)
 		if p.ContextWindow > 0 {
 			reply.Percent = float64(int(10000*float64(st.ContextTokens)/float64(p.ContextWindow))) / 100
 		}
