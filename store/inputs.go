@@ -174,3 +174,19 @@ func (s *Store) reusedIDStatus(ctx context.Context, conv, id string) (Status, st
 // clients that send upper case send all of it (Swift's uuidString): an
 // input stored so before is still found when it comes again.
 func legacyForm(id string) string { return strings.ToUpper(id) }
+
+// InputStatus tells whether input id was stored, in any conversation of
+// any tenant, and how it ended (a scan of the inputs: for tests and tools).
+// Queries should use InputStatusIn: wait_for must not see another
+// conversation's input.
+func (s *Store) InputStatus(ctx context.Context, id string) (status Status, reason string, found bool, err error) {
+	var st string
+	err = s.r.QueryRowContext(ctx, "SELECT status, reason FROM inputs WHERE id = ?", id).Scan(&st, &reason)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", "", false, nil
+	}
+	if err != nil {
+		return "", "", false, fmt.Errorf("input status %s: %w", id, err)
+	}
+	return Status(st), reason, true, nil
+}

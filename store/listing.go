@@ -86,3 +86,34 @@ func (s *Store) InputMark(ctx context.Context) (int64, error) {
 	}
 	return n, nil
 }
+
+// Conversations lists the ids of the conversations that have a stored state,
+// in id order.
+func (s *Store) Conversations(ctx context.Context) ([]string, error) {
+	rows, err := s.r.QueryContext(ctx, "SELECT id FROM conversations ORDER BY id")
+	if err != nil {
+		return nil, fmt.Errorf("conversations: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("conversations: %w", err)
+		}
+		out = append(out, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("conversations: %w", err)
+	}
+	return out, nil
+}
+
+// ConversationCount is the number of conversations with a stored state.
+func (s *Store) ConversationCount(ctx context.Context) (int, error) {
+	var n int
+	if err := s.r.QueryRowContext(ctx, "SELECT COUNT(*) FROM conversations").Scan(&n); err != nil {
+		return 0, fmt.Errorf("conversation count: %w", err)
+	}
+	return n, nil
+}
