@@ -56,7 +56,7 @@ lint:
 ##   loops: the share of upstream requests that extend the previous one byte for byte between
 ##   reductions (goal ≥ 99 %), and the tokens sent upstream against every turn's full history
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./tokens/... ./stages/ ./store/
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./tokens/... ./engine/ ./store/
 	$(GO) test -run '^$$' -bench 'DecodeTranscripts|MarshalMessages' -benchmem -count=1 ./schema/
 	$(GO) test -run '^$$' -bench 'PipelineVsRaw' -benchtime 3x -count=1 ./pipeline/
 	$(GO) test -run '^$$' -bench 'StalledConversation' -benchtime 1x -count=1 ./pipeline/
@@ -76,7 +76,7 @@ bench-readme:
 
 ## fuzz: run each fuzz target for FUZZTIME
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzEngine$$' -fuzztime $(FUZZTIME) ./stages/
+	$(GO) test -run '^$$' -fuzz '^FuzzEngine$$' -fuzztime $(FUZZTIME) ./engine/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeInput$$' -fuzztime $(FUZZTIME) ./schema/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./changelog/
 	$(GO) test -run '^$$' -fuzz '^FuzzCount$$' -fuzztime $(FUZZTIME) ./tokens/o200k/

@@ -14,9 +14,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ctxpipe/ctxpipe/changelog"
+	"github.com/ctxpipe/ctxpipe/engine"
 	"github.com/ctxpipe/ctxpipe/internal/transcripts"
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/stages"
 	"github.com/ctxpipe/ctxpipe/store"
 	"github.com/ctxpipe/ctxpipe/tokens"
 )
@@ -34,7 +34,7 @@ func realRecords(t *testing.T, live *store.Store) []changelog.Record {
 	files := transcripts.Files(t, "../../shared/data/transcripts")
 	// Every third summary fails, so the engine falls back to truncating.
 	calls := 0
-	eng := stages.NewEngine(stages.SummarizerFunc(func(_ context.Context, req schema.SummaryRequest) (schema.Summary, error) {
+	eng := engine.NewEngine(engine.SummarizerFunc(func(_ context.Context, req schema.SummaryRequest) (schema.Summary, error) {
 		if calls++; calls%3 == 0 {
 			return schema.Summary{}, errors.New("the summarizer is down")
 		}

@@ -22,7 +22,7 @@ import (
 )
 
 // Summarizer is what the engine calls to condense a conversation. It has
-// the same method set as stages.Summarizer, which is declared by its user;
+// the same method set as engine.Summarizer, which is declared by its user;
 // it is repeated here only so Router.Pick can name its result.
 type Summarizer interface {
 	Summarize(ctx context.Context, req schema.SummaryRequest) (schema.Summary, error)

@@ -16,9 +16,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/engine"
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/stages"
 )
 
 // Row is one conversation as the pages show it.
@@ -76,7 +76,7 @@ func (h *Dashboard) row(key string, st schema.ConversationState, stored, hidden 
 	}
 	if p, ok := h.d.Profiles.Get(pid); ok {
 		r.Window = p.ContextWindow
-		r.Allowed = int(stages.AllowedTokens(&p))
+		r.Allowed = int(engine.AllowedTokens(&p))
 		r.Threshold, _ = p.Threshold(h.d.Globals.AutoCondensePercent)
 		r.ThresholdToken = p.ContextWindow * r.Threshold / 100
 		if p.ContextWindow > 0 {

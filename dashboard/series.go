@@ -4,9 +4,9 @@ import (
 	"encoding/json"
 	"strings"
 
+	"github.com/ctxpipe/ctxpipe/engine"
 	"github.com/ctxpipe/ctxpipe/internal/ctxseries"
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/stages"
 )
 
 // Point is one point of the plot (internal/ctxseries, shared with
@@ -53,7 +53,7 @@ func History(msgs []schema.Message) (items []HistoryItem, hidden int) {
 		}
 	}
 	effective := map[string]bool{}
-	for _, m := range stages.EffectiveHistory(msgs) {
+	for _, m := range engine.EffectiveHistory(msgs) {
 		effective[m.ID] = true
 	}
 	items = make([]HistoryItem, 0, len(msgs))

@@ -19,11 +19,11 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	llm "github.com/ctxpipe/ctxpipe/condense"
+	"github.com/ctxpipe/ctxpipe/engine"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
 	"github.com/ctxpipe/ctxpipe/internal/openaitest"
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/stages"
 	"github.com/ctxpipe/ctxpipe/store"
 	"github.com/ctxpipe/ctxpipe/tokens"
 )
@@ -59,13 +59,13 @@ func newBenchService(b *testing.B, cfg pipeline.Config, llmCfg llm.Config, profi
 		b.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
-	engine := stages.NewEngine(llm.NewRouter(llmCfg, log))
-	engine.Log = log
+	eng := engine.NewEngine(llm.NewRouter(llmCfg, log))
+	eng.Log = log
 	m := pipeline.NewMetrics()
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = time.Second
 	}
-	r, err := pipeline.New(cfg, pipeline.Deps{JS: js, Store: st, Engine: engine,
+	r, err := pipeline.New(cfg, pipeline.Deps{JS: js, Store: st, Engine: eng,
 		Profiles: pipeline.StaticProfiles(profiles...), Log: log, Metrics: m})
 	if err != nil {
 		b.Fatal(err)

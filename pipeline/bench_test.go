@@ -16,11 +16,11 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	llm "github.com/ctxpipe/ctxpipe/condense"
+	"github.com/ctxpipe/ctxpipe/engine"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
 	"github.com/ctxpipe/ctxpipe/internal/transcripts"
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/stages"
 	"github.com/ctxpipe/ctxpipe/store"
 	"github.com/ctxpipe/ctxpipe/tokens"
 )
@@ -129,11 +129,11 @@ func runPipeline(b *testing.B, subjects []string, payloads [][]byte, ids []strin
 		b.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
-	engine := stages.NewEngine(llm.NewRouter(llm.Config{}, log))
-	engine.Log = log
+	eng := engine.NewEngine(llm.NewRouter(llm.Config{}, log))
+	eng.Log = log
 	p := schema.Profile{ID: schema.DefaultProfileID, ContextWindow: 64000, MaxTokens: 8192}
 	m = pipeline.NewMetrics()
-	r, err := pipeline.New(pipeline.Config{}, pipeline.Deps{JS: js, Stores: st, Engine: engine,
+	r, err := pipeline.New(pipeline.Config{}, pipeline.Deps{JS: js, Stores: st, Engine: eng,
 		Profiles: pipeline.StaticProfiles(p), Log: log, Metrics: m})
 	if err != nil {
 		b.Fatal(err)

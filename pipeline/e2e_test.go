@@ -18,11 +18,11 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	llm "github.com/ctxpipe/ctxpipe/condense"
+	"github.com/ctxpipe/ctxpipe/engine"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
 	"github.com/ctxpipe/ctxpipe/internal/openaitest"
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/stages"
 	"github.com/ctxpipe/ctxpipe/store"
 )
 
@@ -101,10 +101,10 @@ func startFiles(t *testing.T, url string, cfg pipeline.Config, storeOpts []store
 	if os.Getenv("E2E_LOG") != "" {
 		log = slog.Default()
 	}
-	engine := stages.NewEngine(llm.NewRouter(llm.Config{BaseURL: ai.URL(), Model: "test-model", MaxAttempts: 1}, log))
-	engine.Globals = schema.Globals{AutoCondense: true, AutoCondensePercent: 75}
-	engine.Log = log
-	engine.Progress = pipeline.ProgressPublisher(js, log)
+	eng := engine.NewEngine(llm.NewRouter(llm.Config{BaseURL: ai.URL(), Model: "test-model", MaxAttempts: 1}, log))
+	eng.Globals = schema.Globals{AutoCondense: true, AutoCondensePercent: 75}
+	eng.Log = log
+	eng.Progress = pipeline.ProgressPublisher(js, log)
 	if len(profiles) == 0 {
 		profiles = []schema.Profile{smallProfile(schema.DefaultProfileID)}
 	}
@@ -119,7 +119,7 @@ func startFiles(t *testing.T, url string, cfg pipeline.Config, storeOpts []store
 	}
 	metrics := pipeline.NewMetrics()
 	r, err := pipeline.New(cfg, pipeline.Deps{
-		JS: js, Stores: set, Engine: engine, Profiles: pipeline.StaticProfiles(profiles...), Relays: relays, Log: log,
+		JS: js, Stores: set, Engine: eng, Profiles: pipeline.StaticProfiles(profiles...), Relays: relays, Log: log,
 		Metrics: metrics,
 	})
 	if err != nil {
@@ -244,7 +244,7 @@ func (h *harness) history(conv string, view schema.View, waitFor string) []schem
 		if err != nil {
 			h.t.Fatal(err)
 		}
-		want := stages.EffectiveHistory(all)
+		want := engine.EffectiveHistory(all)
 		if len(want)+len(rep.Messages) > 0 && !reflect.DeepEqual(rep.Messages, want) {
 			h.t.Fatalf("effective view: the query returned %d messages, EffectiveHistory of the stored history %d", len(rep.Messages), len(want))
 		}

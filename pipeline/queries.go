@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/engine"
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/stages"
 	"github.com/ctxpipe/ctxpipe/store"
 )
 
@@ -325,7 +325,7 @@ func (r *Runner) History(ctx context.Context, data []byte) []byte {
 	if !h.Incremental {
 		out := msgs
 		if req.View == schema.ViewEffective {
-			out = stages.EffectiveHistory(msgs)
+			out = engine.EffectiveHistory(msgs)
 		}
 		if page, err = pageOf(out, req, h.ResetSeq); err != nil {
 			return queryError(err)
@@ -375,7 +375,7 @@ func appendedView(h store.History, view schema.View) (msgs []schema.Message, ok 
 				}
 			}
 		}
-		out = stages.EffectiveHistory(h.Messages)
+		out = engine.EffectiveHistory(h.Messages)
 	}
 	i := len(out)
 	for i > 0 && h.Bodies[out[i-1].ID] != nil {
@@ -582,7 +582,7 @@ func (r *Runner) Status(ctx context.Context, data []byte) []byte {
 	}
 	if p, ok := r.Profiles.Get(st.ProfileID); ok {
 		reply.ContextWindow = p.ContextWindow
-		reply.AllowedTokens = int(stages.AllowedTokens(&p))
+		reply.AllowedTokens = int(engine.AllowedTokens(&p))
 		reply.Threshold, _ = p.Threshold(r.Engine.Globals.AutoCondensePercent)
 		if p.ContextWindow > 0 {
 			reply.Percent = float64(int(10000*float64(st.ContextTokens)/float64(p.ContextWindow))) / 100

@@ -16,8 +16,8 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/changelog"
+	"github.com/ctxpipe/ctxpipe/engine"
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/stages"
 	"github.com/ctxpipe/ctxpipe/store"
 )
 
@@ -28,7 +28,7 @@ type Deps struct {
 	// over files by partition (store.Set), and Store is then ignored.
 	Store    *store.Store
 	Stores   *store.Set
-	Engine   *stages.Engine
+	Engine   *engine.Engine
 	Profiles *Profiles
 	// Relay is kicked after every commit so events leave at once; optional.
 	// Relays, when set, are the relays of Stores' files, in their order.
@@ -167,7 +167,7 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	r.Metrics.Help("ctxpipe_changelog_applied_total", "Changelog records of other writers (or of this instance before a crash) applied to this instance's SQLite.")
 	r.Metrics.Help("ctxpipe_changelog_changes_total", "Inputs' changes applied from those records (not counted in ctxpipe_inputs_total).")
 	r.Metrics.Help("ctxpipe_changelog_unreadable_total", "Changelog messages or records skipped because they could not be read or applied.")
-	r.Metrics.Help("ctxpipe_input_stage_seconds", "Where committed inputs spent their time, summed per input: delivery (stored in CTX_IN, by the server's clock, to fetched here), queued (fetched to taken by a worker), prepare (the engine), commit (the commit round, fsync included).")
+	r.Metrics.Help("ctxpipe_input_stage_seconds", "Where committed inputs spent their time, summed per input: delivery (stored in CTX_IN, by the server's clock, to fetched here), queued (fetched to taken by a worker), prepare (the eng), commit (the commit round, fsync included).")
 	r.Metrics.Help("ctxpipe_commit_file_seconds", "Time each file's committer spent on its commit rounds (the SQL, the wait for the appends, the commit): the serial part of that file's commits.")
 	r.Metrics.Help("ctxpipe_partition_terms_total", "Partitions this instance took (a new pin: catch up, replay the unacked inputs).")
 	r.Metrics.Help("ctxpipe_partitions_adopted_total", "Partitions whose unacked inputs this instance applied because their owner went silent while nobody held the pin (no new input to start a term).")
@@ -609,10 +609,10 @@ func (r *Runner) reusedID(j *job, in schema.Input, prev store.SeenInput, seen ma
 		where = "in another conversation"
 	}
 	e := r.rejection(j, in.ID, schema.Errorf(schema.ReasonDuplicateID, "input id %s was used before %s", in.ID, where))
-	e.Input.ID = stages.DeriveID(fmt.Sprintf("%s/%s/%x", in.ID, in.ConversationID, h[:8]), "input/duplicate_id")
+	e.Input.ID = engine.DeriveID(fmt.Sprintf("%s/%s/%x", in.ID, in.ConversationID, h[:8]), "input/duplicate_id")
 	e.Input.ConversationID, e.Input.TS = in.ConversationID, in.TS
 	ev := e.Changes.Events[0].(*schema.InputRejected)
-	ev.ID = stages.DeriveID(e.Input.ID, "event/input_rejected")
+	ev.ID = engine.DeriveID(e.Input.ID, "event/input_rejected")
 	return r.once(&e, seen)
 }
 
@@ -707,7 +707,7 @@ func (r *Runner) once(e *store.Entry, seen map[inputKey]bool) *store.Entry {
 // rejection is idempotent too.
 func (r *Runner) rejection(j *job, id string, cause error) store.Entry {
 	if !validUUID(id) {
-		id = stages.DeriveID(fmt.Sprintf("%s/seq/%d", bus.StreamIn, j.seq), "input")
+		id = engine.DeriveID(fmt.Sprintf("%s/seq/%d", bus.StreamIn, j.seq), "input")
 	}
 	id = schema.CanonicalID(id)
 	reason := schema.ReasonOf(cause)
@@ -735,7 +735,7 @@ func (r *Runner) rejection(j *job, id string, cause error) store.Entry {
 		},
 		Changes: &schema.Changes{Events: []schema.Event{&schema.InputRejected{
 			EventHeader: schema.EventHeader{
-				ID: stages.DeriveID(stages.Scope(j.tenant(), id), "event/input_rejected"), Type: schema.EventInputRejected,
+				ID: engine.DeriveID(engine.Scope(j.tenant(), id), "event/input_rejected"), Type: schema.EventInputRejected,
 				ConversationID: conv, TS: ts, InputID: id,
 			},
 			Reason: reason, Message: msg, Subject: subject,
@@ -763,7 +763,7 @@ func (v *convView) Messages(ctx context.Context) ([]schema.Message, error) {
 		return nil, err
 	}
 	for _, ch := range v.pending {
-		msgs = stages.Apply(msgs, ch)
+		msgs = engine.Apply(msgs, ch)
 	}
 	return msgs, nil
 }
@@ -774,7 +774,7 @@ func (v *convView) ContextEvents(ctx context.Context) ([]schema.ContextEventRef,
 		return nil, err
 	}
 	for _, ch := range v.pending {
-		refs = append(refs, stages.ContextEventRefs(ch.Events)...)
+		refs = append(refs, engine.ContextEventRefs(ch.Events)...)
 	}
 	return refs, nil
 }

@@ -291,7 +291,7 @@ func scanMessages(ctx context.Context, q querier, c *messageCache, conv, query s
 }
 
 // Conversation is one conversation's stored history as the engine reads
-// it (stages.History): what a test or a tool decides against when it runs
+// it (engine.History): what a test or a tool decides against when it runs
 // the engine straight on a store.
 type Conversation struct {
 	s  *Store

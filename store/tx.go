@@ -14,7 +14,7 @@ import (
 // Commit applies a batch of entries, in order, in one transaction: either
 // all of it is stored or none of it. For each entry it inserts the input row;
 // an id already present makes the entry a Duplicate and its Changes are
-// skipped. Otherwise it applies, in the order stages.Apply replays them, the
+// skipped. Otherwise it applies, in the order engine.Apply replays them, the
 // deletes, the insertions (in list order, each placed immediately before its
 // Before message or appended) and the tag changes; then the state (when
 // Changes.State.ConversationID is set) and the events with their outbox rows

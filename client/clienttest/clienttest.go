@@ -25,9 +25,9 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/condense"
+	"github.com/ctxpipe/ctxpipe/engine"
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/stages"
 	"github.com/ctxpipe/ctxpipe/store"
 )
 
@@ -46,7 +46,7 @@ type Option func(*config)
 
 type config struct {
 	profiles   []schema.Profile
-	summarizer stages.Summarizer
+	summarizer engine.Summarizer
 	log        *slog.Logger
 	maxPayload int32
 	conn       *bus.ConnConfig
@@ -59,7 +59,7 @@ func WithProfiles(ps ...schema.Profile) Option {
 
 // WithSummarizer condenses with s instead of the offline condenser, for
 // tests that need a condense to fail or to take its time.
-func WithSummarizer(s stages.Summarizer) Option {
+func WithSummarizer(s engine.Summarizer) Option {
 	return func(c *config) { c.summarizer = s }
 }
 
@@ -184,13 +184,13 @@ func (s *Service) start(ctx context.Context, whileDown func()) (err error) {
 	if summarizer == nil {
 		summarizer = condense.NewRouter(condense.Config{}, c.log) // no endpoint: the offline condenser
 	}
-	engine := stages.NewEngine(summarizer)
-	engine.Globals = schema.Globals{AutoCondense: true, AutoCondensePercent: Threshold}
-	engine.Log = c.log
-	engine.Progress = pipeline.ProgressPublisher(js, c.log)
+	eng := engine.NewEngine(summarizer)
+	eng.Globals = schema.Globals{AutoCondense: true, AutoCondensePercent: Threshold}
+	eng.Log = c.log
+	eng.Progress = pipeline.ProgressPublisher(js, c.log)
 	s.relay = store.NewRelay(s.Store, pipeline.JetStreamPublisher{JS: js}, c.log, store.RelayOptions{PollInterval: 20 * time.Millisecond})
 	r, err := pipeline.New(pipeline.Config{Lanes: 4, AckWait: 5 * time.Second, MaxDeliver: 5, RetryBudget: time.Second}, pipeline.Deps{
-		JS: js, Store: s.Store, Engine: engine, Profiles: pipeline.StaticProfiles(c.profiles...),
+		JS: js, Store: s.Store, Engine: eng, Profiles: pipeline.StaticProfiles(c.profiles...),
 		Relay: s.relay, Log: c.log, Metrics: pipeline.NewMetrics(),
 	})
 	if err != nil {

@@ -26,10 +26,10 @@ import (
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/condense"
 	"github.com/ctxpipe/ctxpipe/dashboard"
+	"github.com/ctxpipe/ctxpipe/engine"
 	"github.com/ctxpipe/ctxpipe/internal/backoff"
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/stages"
 	"github.com/ctxpipe/ctxpipe/store"
 	"github.com/ctxpipe/ctxpipe/tokens"
 )
@@ -285,9 +285,9 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	llmCfg := condense.ConfigFromEnv()
-	engine := stages.NewEngine(condense.NewRouter(llmCfg, log))
-	engine.Globals, engine.Log = c.Globals, log
-	engine.Progress = pipeline.ProgressPublisher(js, log)
+	eng := engine.NewEngine(condense.NewRouter(llmCfg, log))
+	eng.Globals, eng.Log = c.Globals, log
+	eng.Progress = pipeline.ProgressPublisher(js, log)
 	// Every commit that stores events wakes its file's relay (Notify), so
 	// their poll is only a safety net: every 2 s rather than the default
 	// 250 ms, which made an idle instance read the outbox four times a
@@ -299,7 +299,7 @@ func (m *Main) Run(ctx context.Context) error {
 	pcfg := c.Pipeline
 	pcfg.Name = m.Config.Name
 	m.runner, err = pipeline.New(pcfg, pipeline.Deps{
-		JS: js, Stores: m.stores, Engine: engine, Profiles: profiles, Relays: m.relays, Log: log, Metrics: m.metrics,
+		JS: js, Stores: m.stores, Engine: eng, Profiles: profiles, Relays: m.relays, Log: log, Metrics: m.metrics,
 		Members: members,
 	})
 	if err != nil {

@@ -20,8 +20,8 @@ import (
 	"sync"
 
 	"github.com/ctxpipe/ctxpipe/condense"
+	"github.com/ctxpipe/ctxpipe/engine"
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/stages"
 	"github.com/ctxpipe/ctxpipe/tokens"
 )
 
@@ -157,7 +157,7 @@ type Run struct {
 
 // meter counts what is sent to a summarizer before passing the request on.
 type meter struct {
-	next          stages.Summarizer
+	next          engine.Summarizer
 	text          tokens.TextCounter
 	calls, tokens int
 }
@@ -182,15 +182,15 @@ func RequestTokens(tc tokens.TextCounter, req schema.SummaryRequest) int {
 // Replay appends every turn of t to a new conversation under profile p,
 // condensing with s, and measures each reduction. It fails only on a
 // transient error or ctx; a turn the engine rejects is counted.
-func Replay(ctx context.Context, t Transcript, row string, p schema.Profile, s stages.Summarizer) (Run, error) {
+func Replay(ctx context.Context, t Transcript, row string, p schema.Profile, s engine.Summarizer) (Run, error) {
 	tc, err := tokens.O200K()
 	if err != nil {
 		return Run{}, fmt.Errorf("o200k counter: %w", err)
 	}
 	m := &meter{next: s, text: tc}
-	eng := stages.NewEngine(m)
+	eng := engine.NewEngine(m)
 	eng.Log = slog.New(slog.DiscardHandler) // an info line per condense would bury the progress
-	conv := stages.NewConversation(t.Name, p, eng)
+	conv := engine.NewConversation(t.Name, p, eng)
 	run := Run{Row: row, Transcript: t.Name, Turns: len(t.Turns), Events: map[string]int{}, Reductions: []Reduction{}}
 	broken := newSet()
 	task, latest := "", ""
@@ -234,11 +234,11 @@ func Replay(ctx context.Context, t Transcript, row string, p schema.Profile, s s
 		if len(reductions) == 0 {
 			continue
 		}
-		before := stages.EffectiveHistory(append(prev[:len(prev):len(prev)], untagged(conv.Messages, turn.ID)...))
+		before := engine.EffectiveHistory(append(prev[:len(prev):len(prev)], untagged(conv.Messages, turn.ID)...))
 		r := Measure(before, after, task, latest)
 		r.Transcript, r.Turn, r.Events = t.Name, i, reductions
-		r.TokensBefore = stages.ContextTokens(conv.State.SystemTokens, before)
-		r.TokensAfter = stages.ContextTokens(conv.State.SystemTokens, after)
+		r.TokensBefore = engine.ContextTokens(conv.State.SystemTokens, before)
+		r.TokensAfter = engine.ContextTokens(conv.State.SystemTokens, after)
 		run.Reductions = append(run.Reductions, r)
 	}
 	run.SummarizerCalls, run.SummarizerTokens = m.calls, m.tokens
@@ -266,7 +266,7 @@ type Progress func(r Run, done, total int)
 // The result is indexed [row][transcript] in the order given, whatever order
 // the runs finish in, so the figures do not depend on scheduling. progress
 // may be nil; it is called from one goroutine at a time.
-func ReplayAll(ctx context.Context, ts []Transcript, rows []Row, base schema.Profile, s stages.Summarizer, jobs int, progress Progress) ([][]Run, error) {
+func ReplayAll(ctx context.Context, ts []Transcript, rows []Row, base schema.Profile, s engine.Summarizer, jobs int, progress Progress) ([][]Run, error) {
 	type job struct{ row, tr int }
 	var work []job
 	for r := range rows {

@@ -1,4 +1,4 @@
-package stages
+package engine
 
 // A summary or marker takes a timestamp next to the message it stands
 // beside, so that it sorts there and a rewind to that message's time treats

@@ -1,4 +1,4 @@
-// Package stages is ctxpipe's context engine: every context-management
+// Package engine is ctxpipe's context engine: every context-management
 // decision of Roo Code and Gemini CLI as plain Go over schema types.
 //
 // The decisions are pure functions — Decide (the threshold, threshold.go),
@@ -13,4 +13,4 @@
 // or a truncation marker quotes come from textfacts. Nothing here touches
 // NATS, SQLite or HTTP; the service commits the Changes, and Conversation
 // applies them in memory for programs that manage context in process.
-package stages
+package engine

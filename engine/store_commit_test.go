@@ -1,4 +1,4 @@
-package stages_test
+package engine_test
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ctxpipe/ctxpipe/engine"
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/stages"
 	"github.com/ctxpipe/ctxpipe/store"
 	"github.com/ctxpipe/ctxpipe/tokens"
 )
@@ -31,7 +31,7 @@ func TestMaskingCommitsThroughTheStore(t *testing.T) {
 	p := schema.Profile{ID: "m", ContextWindow: 10000, MaxTokens: 100, Strategy: schema.StrategyKeepTail,
 		MinGainTokens: new(int), Mask: schema.MaskSettings{Enabled: true, KeepLast: new(int)}}
 	eng := charCountEngine("summary")
-	mem := stages.NewConversation(conv, p, eng)
+	mem := engine.NewConversation(conv, p, eng)
 
 	id := func(i int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", i) }
 	var inputs []schema.Input
@@ -97,7 +97,7 @@ func TestSummaryAckCommitsThroughTheStore(t *testing.T) {
 	const conv = "ack-store"
 	p := schema.Profile{ID: "pf", ContextWindow: 100000, MaxTokens: 100, Strategy: schema.StrategyPreserveFraction, MinGainTokens: new(int)}
 	eng := charCountEngine("snapshot")
-	mem := stages.NewConversation(conv, p, eng)
+	mem := engine.NewConversation(conv, p, eng)
 	id := func(i int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", i) }
 	var inputs []schema.Input
 	for i := range 30 {
@@ -150,8 +150,8 @@ func TestSummaryAckCommitsThroughTheStore(t *testing.T) {
 
 // charCountEngine is an engine counting characters, whose summarizer says
 // "<what> of N messages".
-func charCountEngine(what string) *stages.Engine {
-	eng := stages.NewEngine(stages.SummarizerFunc(func(_ context.Context, req schema.SummaryRequest) (schema.Summary, error) {
+func charCountEngine(what string) *engine.Engine {
+	eng := engine.NewEngine(engine.SummarizerFunc(func(_ context.Context, req schema.SummaryRequest) (schema.Summary, error) {
 		return schema.Summary{Text: fmt.Sprintf("%s of %d messages", what, len(req.Messages)), Model: "t"}, nil
 	}))
 	eng.Log = slog.New(slog.DiscardHandler)
@@ -167,7 +167,7 @@ func charCountEngine(what string) *stages.Engine {
 // history is mem's and the effective history over the store's visible
 // messages is mem's effective history. It returns the changes and the
 // stored history.
-func applyBoth(ctx context.Context, t *testing.T, s *store.Store, eng *stages.Engine, mem *stages.Conversation, p *schema.Profile, n int, in schema.Input) (*schema.Changes, []schema.Message) {
+func applyBoth(ctx context.Context, t *testing.T, s *store.Store, eng *engine.Engine, mem *engine.Conversation, p *schema.Profile, n int, in schema.Input) (*schema.Changes, []schema.Message) {
 	t.Helper()
 	conv := in.ConversationID
 	st, _, err := s.State(ctx, conv)
@@ -198,7 +198,7 @@ func applyBoth(ctx context.Context, t *testing.T, s *store.Store, eng *stages.En
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := stages.EffectiveHistory(visible), mem.Effective(); len(got)+len(want) > 0 && !reflect.DeepEqual(got, want) {
+	if got, want := engine.EffectiveHistory(visible), mem.Effective(); len(got)+len(want) > 0 && !reflect.DeepEqual(got, want) {
 		t.Fatalf("input %d (%s): effective history over the store's visible messages differs", n, in.Kind)
 	}
 	return ch, stored
