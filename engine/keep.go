@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -130,4 +131,48 @@ func keptTokens(systemTokens int, msgs []schema.Message, keep map[string]bool) i
 		}
 	})
 	return n
+}
+
+// pin records a pin input's verdict on a stored message in the state. It
+// changes no message: the store keeps bodies as sent, and the state is what
+// every reduction reads. Pinning a message that is hidden already does not
+// bring it back (a rewind does); it keeps the message from the reductions
+// to come once it is visible.
+func (r *run) pin() error {
+	msgs, err := r.h.Messages(r.ctx)
+	if err != nil {
+		return fmt.Errorf("load history of %s: %w", r.in.ConversationID, err)
+	}
+	var target *schema.Message
+	for i := range msgs {
+		if msgs[i].ID == r.in.MessageID {
+			target = &msgs[i]
+			break
+		}
+	}
+	if target == nil {
+		return schema.Errorf(schema.ReasonUnknownTarget, "no stored message %q", r.in.MessageID)
+	}
+	id := target.ID
+	if target.IsMask() {
+		id = target.MaskOf // a stand-in follows its original
+	}
+	pins := make(map[string]bool, len(r.st.Pins)+1) // never write into the caller's map
+	for k, v := range r.st.Pins {
+		pins[k] = v
+	}
+	pins[id] = r.in.Pinned
+	for i := range msgs {
+		if msgs[i].ID == id && msgs[i].Pinned == r.in.Pinned {
+			delete(pins, id) // the stored flag says it already
+		}
+	}
+	if len(pins) > schema.MaxPins {
+		return schema.Errorf(schema.ReasonTooLarge, "more than %d pin changes in one conversation", schema.MaxPins)
+	}
+	r.st.Pins = pins
+	if len(pins) == 0 {
+		r.st.Pins = nil
+	}
+	return nil
 }

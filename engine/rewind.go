@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"sort"
 
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -200,4 +201,71 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+func (r *run) rewind() error {
+	msgs, err := r.h.Messages(r.ctx)
+	if err != nil {
+		return fmt.Errorf("load history of %s: %w", r.in.ConversationID, err)
+	}
+	evs, err := r.h.ContextEvents(r.ctx)
+	if err != nil {
+		return fmt.Errorf("load context events of %s: %w", r.in.ConversationID, err)
+	}
+	rw, ok := PlanRewind(msgs, evs, r.in.TS, r.in.IncludeTarget)
+	if !ok {
+		return schema.Errorf(schema.ReasonUnknownTarget, "nothing to rewind at or after ts %d", r.in.TS)
+	}
+	r.ch.Delete = rw.Changes.Delete
+	r.ch.Tags = rw.Changes.Tags
+	r.st.ContextTokens = effectiveTokens(r.st.SystemTokens, rw.History)
+	r.st.Messages = len(rw.History)
+	r.st.Condensations, r.st.Truncations = 0, 0
+	for i := range rw.History {
+		if rw.History[i].IsCondenseSummary() {
+			r.st.Condensations++
+		}
+		if rw.History[i].IsTruncationMarker {
+			r.st.Truncations++
+		}
+	}
+	r.st.CondenseBlocked = false
+	if len(r.st.Pins) > 0 {
+		// A deleted message's pin goes with it.
+		kept := idSet(rw.History)
+		pins := map[string]bool{}
+		for id, v := range r.st.Pins {
+			if kept[id] {
+				pins[id] = v
+			}
+		}
+		r.st.Pins = pins
+		if len(pins) == 0 {
+			r.st.Pins = nil
+		}
+	}
+	// The calls a result may answer come from the agent's turns as stored,
+	// as they were when each turn was appended: a condense that hides the
+	// last assistant turn does not close its calls.
+	r.st.LastToolUseIDs = nil
+	for i := range rw.History {
+		if !rw.History[i].Synthetic() {
+			r.st.LastToolUseIDs = nextToolUseIDs(r.st.LastToolUseIDs, &rw.History[i])
+		}
+	}
+	r.st.LastTS = 0
+	for i := range rw.History {
+		r.st.LastTS = max(r.st.LastTS, rw.History[i].TS)
+	}
+	r.ch.Events = append(r.ch.Events, &schema.Rewind{
+		EventHeader:          r.header(schema.EventRewind),
+		CutoffTS:             r.in.TS,
+		IncludeTarget:        r.in.IncludeTarget,
+		RemovedCondenseIDs:   rw.RemovedCondenseIDs,
+		RemovedTruncationIDs: rw.RemovedTruncationIDs,
+		RemovedMaskIDs:       rw.RemovedMaskIDs,
+		MessagesRemoved:      rw.MessagesRemoved,
+		MessagesRestored:     rw.MessagesRestored,
+	})
+	return nil
 }
