@@ -164,6 +164,7 @@ func (r *Runner) reassign() {
 func (r *Runner) rebalance(ctx context.Context) {
 	t := time.NewTicker(r.cfg.RebalanceEvery)
 	defer t.Stop()
+	var failingSince time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -183,8 +184,15 @@ func (r *Runner) rebalance(ctx context.Context) {
 		if err != nil {
 			// Keep the last assignment: pulling on (or not) is safe,
 			// and the fence keeps two writers apart.
-			r.Log.Debug("cannot list instances", "err", err)
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+				r.Log.Warn("cannot list the live instances; keeping the partitions as they are", "err", err)
+			}
 			continue
+		}
+		if !failingSince.IsZero() {
+			r.Log.Info("listing the live instances again", "after", time.Since(failingSince).Round(time.Millisecond))
+			failingSince = time.Time{}
 		}
 		r.assign(live)
 	}

@@ -41,17 +41,18 @@ func liveAt(seen map[string]lockSeen, now time.Time) []string {
 	return names
 }
 
-// watchCurrent tells whether the watch is up to date: it delivered this
-// instance's own last refresh (they come every refreshEvery). A watch that
-// stopped delivering would otherwise show every other instance dead, and
-// this one would take their partitions.
-func watchCurrent(seen map[string]lockSeen, self string, now time.Time) error {
-	s, ok := seen[self]
+// watchCurrent tells whether the watch is up to date: it delivered a
+// refresh within liveWithin of now (by this instance's clock: every live
+// instance, this one included, refreshes its lock every refreshEvery, and
+// each refresh comes through the watch). A watch that stopped delivering
+// would otherwise show every other instance dead, and this one would take
+// their partitions.
+func watchCurrent(lastDelivery, now time.Time) error {
 	switch {
-	case !ok:
-		return fmt.Errorf("the watch of %s has not shown this instance's lock", LocksBucket)
-	case now.Sub(s.at) > liveWithin:
-		return fmt.Errorf("the watch of %s last showed this instance's lock refreshed %v ago", LocksBucket, now.Sub(s.at).Round(time.Millisecond))
+	case lastDelivery.IsZero():
+		return fmt.Errorf("the watch of %s has delivered nothing yet", LocksBucket)
+	case now.Sub(lastDelivery) > liveWithin:
+		return fmt.Errorf("the watch of %s has delivered nothing for %v", LocksBucket, now.Sub(lastDelivery).Round(time.Millisecond))
 	}
 	return nil
 }
@@ -60,6 +61,7 @@ func watchCurrent(seen map[string]lockSeen, self string, now time.Time) error {
 type liveWatch struct {
 	mu     sync.Mutex
 	seen   map[string]lockSeen
+	last   time.Time     // when the watch last delivered a refresh (local clock)
 	loaded chan struct{} // closed once the bucket's current keys are in
 	once   sync.Once
 }
@@ -80,6 +82,7 @@ func (w *liveWatch) put(e jetstream.KeyValueEntry) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.last = time.Now()
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(w.seen, name)
 		return
@@ -100,7 +103,7 @@ func (w *liveWatch) put(e jetstream.KeyValueEntry) {
 
 // live lists the live instances once the watch has loaded (or ctx ends),
 // or fails when the watch is behind.
-func (w *liveWatch) live(ctx context.Context, self string) ([]string, error) {
+func (w *liveWatch) live(ctx context.Context) ([]string, error) {
 	select {
 	case <-w.loaded:
 	case <-ctx.Done():
@@ -109,22 +112,22 @@ func (w *liveWatch) live(ctx context.Context, self string) ([]string, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	now := time.Now()
-	if err := watchCurrent(w.seen, self, now); err != nil {
+	if err := watchCurrent(w.last, now); err != nil {
 		return nil, err
 	}
 	return liveAt(w.seen, now), nil
 }
 
 // run watches the instance locks until ctx ends, starting the watch again
-// after a failure, or when it has not shown this instance's (self's) own
-// refreshes for restartStale: a watch that stopped delivering without
-// failing would otherwise leave Live failing, and the instance keeping its
-// last assignment, for good.
-func (w *liveWatch) run(ctx context.Context, kv jetstream.KeyValue, self string, onErr func(error)) {
+// after a failure, or when it has delivered nothing for restartStale (not
+// even this instance's own refreshes): a watch that stopped delivering
+// without failing would otherwise leave Live failing, and the instance
+// keeping its last assignment, for good.
+func (w *liveWatch) run(ctx context.Context, kv jetstream.KeyValue, onErr func(error)) {
 	retry := backoff.New(backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second, Jitter: true})
 	for ctx.Err() == nil {
 		began := time.Now()
-		err := w.watchOnce(ctx, kv, self)
+		err := w.watchOnce(ctx, kv)
 		if ctx.Err() != nil {
 			return
 		}
@@ -140,11 +143,11 @@ func (w *liveWatch) run(ctx context.Context, kv jetstream.KeyValue, self string,
 	}
 }
 
-// restartStale is how long the watch may go without showing this
-// instance's own refresh before it is started again.
+// restartStale is how long the watch may go without delivering before it
+// is started again.
 const restartStale = 3 * liveWithin
 
-func (w *liveWatch) watchOnce(ctx context.Context, kv jetstream.KeyValue, self string) error {
+func (w *liveWatch) watchOnce(ctx context.Context, kv jetstream.KeyValue) error {
 	kw, err := kv.Watch(ctx, "instance.*")
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", LocksBucket, err)
@@ -167,10 +170,10 @@ func (w *liveWatch) watchOnce(ctx context.Context, kv jetstream.KeyValue, self s
 				continue
 			}
 			w.mu.Lock()
-			s, ok := w.seen[self]
+			last := w.last
 			w.mu.Unlock()
-			if !ok || now.Sub(s.at) > restartStale {
-				return fmt.Errorf("the watch of %s has not shown this instance's lock refreshed for %v", LocksBucket, restartStale)
+			if now.Sub(last) > restartStale {
+				return fmt.Errorf("the watch of %s has delivered nothing for %v", LocksBucket, now.Sub(last).Round(time.Millisecond))
 			}
 		}
 	}

@@ -12,16 +12,14 @@ import (
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
 )
 
-// The live list: refreshed within liveWithin and not catching up; the
-// watch is trusted only while it shows this instance's own refreshes.
+// The live list: refreshed within liveWithin and not catching up.
 func TestLiveFromTheWatch(t *testing.T) {
 	now := time.Unix(1000, 0)
 	ago := func(d time.Duration) time.Time { return now.Add(-d) }
 	tests := []struct {
-		name  string
-		seen  map[string]lockSeen
-		want  []string
-		stale string // watchCurrent's error contains it; "" for none
+		name string
+		seen map[string]lockSeen
+		want []string
 	}{
 		{
 			name: "fresh ones, sorted",
@@ -43,45 +41,41 @@ func TestLiveFromTheWatch(t *testing.T) {
 			seen: map[string]lockSeen{"late": {at: ago(0), catchingUp: true}, "self": {at: ago(0)}},
 			want: []string{"self"},
 		},
-		{
-			name:  "this instance catching up itself: the watch is current all the same",
-			seen:  map[string]lockSeen{"other": {at: ago(0)}, "self": {at: ago(0), catchingUp: true}},
-			want:  []string{"other"},
-			stale: "",
-		},
-		{
-			name:  "the watch stopped delivering: everyone looks dead, so it is not believed",
-			seen:  map[string]lockSeen{"other": {at: ago(5 * time.Second)}, "self": {at: ago(5 * time.Second)}},
-			want:  nil,
-			stale: "refreshed 5s ago",
-		},
-		{
-			name:  "this instance's lock not seen yet",
-			seen:  map[string]lockSeen{"other": {at: ago(0)}},
-			want:  []string{"other"},
-			stale: "has not shown",
-		},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := liveAt(tt.seen, now); !slices.Equal(got, tt.want) {
-				t.Errorf("liveAt = %v, want %v", got, tt.want)
-			}
-			err := watchCurrent(tt.seen, "self", now)
-			switch {
-			case tt.stale == "" && err != nil:
-				t.Errorf("watchCurrent: %v, want current", err)
-			case tt.stale != "" && (err == nil || !strings.Contains(err.Error(), tt.stale)):
-				t.Errorf("watchCurrent: %v, want an error with %q", err, tt.stale)
-			}
-		})
+		if got := liveAt(tt.seen, now); !slices.Equal(got, tt.want) {
+			t.Errorf("%s: liveAt = %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }
 
-// A watch that shows no refresh of this instance's own lock (it stopped
-// delivering, or this instance stopped refreshing) ends, so that run starts
-// it again, rather than leaving Live failing for good; one that shows the
-// refreshes goes on.
+// The watch is believed only while it delivers: every live instance, this
+// one included, refreshes its lock every second through it.
+func TestWatchCurrent(t *testing.T) {
+	now := time.Unix(1000, 0)
+	for _, tt := range []struct {
+		name  string
+		last  time.Time
+		stale string // the error contains it; "" for none
+	}{
+		{"delivered a moment ago", now.Add(-time.Second), ""},
+		{"exactly liveWithin ago", now.Add(-liveWithin), ""},
+		{"silent past liveWithin: everyone would look dead", now.Add(-5 * time.Second), "delivered nothing for 5s"},
+		{"nothing yet", time.Time{}, "nothing yet"},
+	} {
+		err := watchCurrent(tt.last, now)
+		switch {
+		case tt.stale == "" && err != nil:
+			t.Errorf("%s: %v, want current", tt.name, err)
+		case tt.stale != "" && (err == nil || !strings.Contains(err.Error(), tt.stale)):
+			t.Errorf("%s: %v, want an error with %q", tt.name, err, tt.stale)
+		}
+	}
+}
+
+// A watch that delivers nothing (it stopped delivering, or no instance
+// refreshes) ends, so that run starts it again, rather than leaving Live
+// failing for good; one that delivers the refreshes goes on.
 func TestStaleWatchIsStartedAgain(t *testing.T) {
 	_, url := natstest.Run(t)
 	js, err := jetstream.New(natstest.Connect(t, url))
@@ -107,26 +101,26 @@ func TestStaleWatchIsStartedAgain(t *testing.T) {
 	}()
 	w := newLiveWatch()
 	ended := make(chan error, 1)
-	go func() { ended <- w.watchOnce(ctx, kv, "self") }()
+	go func() { ended <- w.watchOnce(ctx, kv) }()
 	select {
 	case err := <-ended:
 		t.Fatalf("a watch showing the refreshes ended: %v", err)
 	case <-time.After(restartStale + 2*liveWithin):
 	}
-	if live, err := w.live(ctx, "self"); err != nil || !slices.Equal(live, []string{"self"}) {
+	if live, err := w.live(ctx); err != nil || !slices.Equal(live, []string{"self"}) {
 		t.Fatalf("live %v, %v", live, err)
 	}
-	// No more refreshes: Live fails at once, and the watch ends soon after.
+	// No more refreshes: Live fails, and the watch ends soon after.
 	stopRefreshing()
 	select {
 	case err := <-ended:
-		if err == nil || !strings.Contains(err.Error(), "has not shown") {
+		if err == nil || !strings.Contains(err.Error(), "delivered nothing") {
 			t.Fatalf("the stale watch ended with %v", err)
 		}
 	case <-time.After(restartStale + 2*liveWithin):
 		t.Fatal("a watch showing no refresh of this instance's lock went on")
 	}
-	if _, err := w.live(ctx, "self"); err == nil {
-		t.Fatal("Live believed a watch that shows this instance's lock stale")
+	if _, err := w.live(ctx); err == nil {
+		t.Fatal("Live believed a watch that delivers nothing")
 	}
 }

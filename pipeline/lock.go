@@ -34,7 +34,7 @@ const (
 // before its lock lapses. It reads the watch Hold keeps (live.go), waiting
 // for its first values, and fails while the watch is behind.
 func (l *InstanceLock) Live(ctx context.Context) ([]string, error) {
-	return l.watch.live(ctx, l.name)
+	return l.watch.live(ctx)
 }
 
 // ErrLockHeld means another live instance runs under this name.
@@ -65,7 +65,6 @@ func (h Holder) same(o Holder) bool { return h.Host == o.Host && h.DataDir == o.
 // lock refuses the second with a clear error.
 type InstanceLock struct {
 	kv       jetstream.KeyValue
-	name     string
 	key      string
 	revision uint64
 	log      *slog.Logger
@@ -111,7 +110,7 @@ func AcquireLock(ctx context.Context, js jetstream.JetStream, name string, me Ho
 	if err != nil {
 		return nil, fmt.Errorf("lock bucket %s: %w", LocksBucket, err)
 	}
-	l := &InstanceLock{kv: kv, name: name, key: "instance." + name, me: me, log: log, watch: newLiveWatch()}
+	l := &InstanceLock{kv: kv, key: "instance." + name, me: me, log: log, watch: newLiveWatch()}
 	if me.Since == "" {
 		l.me.Since = time.Now().UTC().Format(time.RFC3339)
 	}
@@ -144,7 +143,7 @@ func AcquireLock(ctx context.Context, js jetstream.JetStream, name string, me Ho
 func (l *InstanceLock) Hold(ctx context.Context) error {
 	// Refreshed often: a refresh is also the sign of life other instances
 	// read (Live) to decide which partitions to hand over.
-	go l.watch.run(ctx, l.kv, l.name, func(err error) {
+	go l.watch.run(ctx, l.kv, func(err error) {
 		l.log.Warn("watching the instance locks failed; watching again", "err", err)
 	})
 	t := time.NewTicker(refreshEvery)
