@@ -33,8 +33,9 @@ type chatToolCall struct {
 	} `json:"function"`
 }
 
-// chatParts reads a content value (a string, null or parts) into blocks.
-func chatParts(raw []byte) ([]schema.Block, error) {
+// contentBlocks reads a content value that is a string, null or an array
+// of parts into blocks; part reads one part (its raw JSON) into a block.
+func contentBlocks(raw []byte, part func(e []byte) (schema.Block, error)) ([]schema.Block, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
 	}
@@ -51,6 +52,18 @@ func chatParts(raw []byte) ([]schema.Block, error) {
 	}
 	var out []schema.Block
 	for _, e := range elems {
+		b, err := part(e)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// chatParts reads a Chat Completions content value into blocks.
+func chatParts(raw []byte) ([]schema.Block, error) {
+	return contentBlocks(raw, func(e []byte) (schema.Block, error) {
 		var p struct {
 			Type     string `json:"type"`
 			Text     string `json:"text"`
@@ -60,24 +73,19 @@ func chatParts(raw []byte) ([]schema.Block, error) {
 			} `json:"image_url"`
 		}
 		if err := json.Unmarshal(e, &p); err != nil {
-			return nil, fmt.Errorf("%w: content part: %v", errBadJSON, err)
+			return schema.Block{}, fmt.Errorf("%w: content part: %v", errBadJSON, err)
 		}
-		switch p.Type {
-		case "text":
-			out = append(out, schema.Block{Type: schema.BlockText, Text: p.Text})
-		case "refusal":
-			out = append(out, schema.Block{Type: schema.BlockText, Text: p.Refusal})
-		case "image_url":
-			if p.ImageURL.URL == "" {
-				out = append(out, rawText(e))
-				continue
-			}
-			out = append(out, imageBlock(p.ImageURL.URL))
+		switch {
+		case p.Type == "text":
+			return schema.Block{Type: schema.BlockText, Text: p.Text}, nil
+		case p.Type == "refusal":
+			return schema.Block{Type: schema.BlockText, Text: p.Refusal}, nil
+		case p.Type == "image_url" && p.ImageURL.URL != "":
+			return imageBlock(p.ImageURL.URL), nil
 		default:
-			out = append(out, rawText(e))
+			return rawText(e), nil
 		}
-	}
-	return out, nil
+	})
 }
 
 // imageBlock is an image given by URL, a data: URL being base64 data.

@@ -34,24 +34,10 @@ type respItem struct {
 	EncryptedContent string `json:"encrypted_content"`
 }
 
-// respParts reads a message's content (a string or parts) into blocks.
+// respParts reads a Responses message's content (a string or parts) into
+// blocks.
 func respParts(raw []byte) ([]schema.Block, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil, nil
-	}
-	if raw[0] == '"' {
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, fmt.Errorf("%w: content: %v", errBadJSON, err)
-		}
-		return []schema.Block{{Type: schema.BlockText, Text: s}}, nil
-	}
-	elems, err := splitArray(raw)
-	if err != nil {
-		return nil, fmt.Errorf("content: %w", err)
-	}
-	var out []schema.Block
-	for _, e := range elems {
+	return contentBlocks(raw, func(e []byte) (schema.Block, error) {
 		var p struct {
 			Type     string `json:"type"`
 			Text     string `json:"text"`
@@ -59,24 +45,19 @@ func respParts(raw []byte) ([]schema.Block, error) {
 			ImageURL string `json:"image_url"`
 		}
 		if err := json.Unmarshal(e, &p); err != nil {
-			return nil, fmt.Errorf("%w: content part: %v", errBadJSON, err)
+			return schema.Block{}, fmt.Errorf("%w: content part: %v", errBadJSON, err)
 		}
-		switch p.Type {
-		case "input_text", "output_text", "text":
-			out = append(out, schema.Block{Type: schema.BlockText, Text: p.Text})
-		case "refusal":
-			out = append(out, schema.Block{Type: schema.BlockText, Text: p.Refusal})
-		case "input_image":
-			if p.ImageURL == "" {
-				out = append(out, rawText(e))
-				continue
-			}
-			out = append(out, imageBlock(p.ImageURL))
+		switch {
+		case p.Type == "input_text" || p.Type == "output_text" || p.Type == "text":
+			return schema.Block{Type: schema.BlockText, Text: p.Text}, nil
+		case p.Type == "refusal":
+			return schema.Block{Type: schema.BlockText, Text: p.Refusal}, nil
+		case p.Type == "input_image" && p.ImageURL != "":
+			return imageBlock(p.ImageURL), nil
 		default:
-			out = append(out, rawText(e))
+			return rawText(e), nil
 		}
-	}
-	return out, nil
+	})
 }
 
 // respOutputText is a tool output: a string, or parts whose text is kept.
