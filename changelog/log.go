@@ -339,9 +339,18 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 		if end > last && len(w.subjects) > 0 {
 			if end == quiet && last == quietLast {
 				end = last
-			} else if end = w.lastOf(ctx, stream); end != 0 && end <= last {
-				quiet, quietLast = info.State.LastSeq, last
+			} else if sub, ok := w.lastOf(ctx, stream); ok {
+				end = sub
+				if end <= last {
+					quiet, quietLast = info.State.LastSeq, last
+				}
 			}
+			// When the server cannot tell the subjects' last message, the
+			// stream's end stands for it: a follower that is only idle is
+			// then started again (one new ordered consumer), while taking
+			// "cannot tell" for "idle" would leave a stalled one stalled
+			// for as long as the requests fail, which is when a node is
+			// lost.
 		}
 		if end <= last {
 			b = behind{} // idle
@@ -370,10 +379,9 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 	}
 }
 
-// lastOf is the last sequence of the watched subjects (0 when the server
-// cannot tell: the next tick asks again).
-func (w *watch) lastOf(ctx context.Context, stream jetstream.Stream) uint64 {
-	var end uint64
+// lastOf is the last sequence of the watched subjects (0: none holds a
+// message); ok is false when the server cannot tell.
+func (w *watch) lastOf(ctx context.Context, stream jetstream.Stream) (end uint64, ok bool) {
 	for _, subj := range w.subjects {
 		ictx, cancel := context.WithTimeout(ctx, max(w.after/2, time.Second))
 		m, err := stream.GetLastMsgForSubject(ictx, subj)
@@ -381,12 +389,12 @@ func (w *watch) lastOf(ctx context.Context, stream jetstream.Stream) uint64 {
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 		case err != nil:
-			return 0
+			return 0, false
 		default:
 			end = max(end, m.Sequence)
 		}
 	}
-	return end
+	return end, true
 }
 
 // Item is one message of CTX_STATE as a follower sees it.

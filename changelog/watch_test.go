@@ -165,6 +165,44 @@ func TestWatchAsksForItsSubjectsOncePerStreamEnd(t *testing.T) {
 	}
 }
 
+// A follower of some partitions whose subjects' last messages the server
+// cannot tell (the requests time out while a node is lost) is stopped when
+// the stream holds messages past its last: "cannot tell" is not "idle".
+func TestWatchStopsAFollowerWhenItsSubjectsCannotBeRead(t *testing.T) {
+	ctx := context.Background()
+	js, stream := stateStream(t)
+	ack, err := js.Publish(ctx, bus.StateSubject(1), []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, bus.StateSubject(1), []byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	const after = 200 * time.Millisecond
+	w := &watch{after: after, last: ack.Sequence, subjects: []string{bus.StateSubject(1)}}
+	w.wait()
+	stopped := make(chan struct{})
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go w.run(wctx, &failingLookups{Stream: stream}, func() { close(stopped) })
+	select {
+	case <-stopped:
+		if w.Err() == nil {
+			t.Fatal("stopped without saying why")
+		}
+	case <-time.After(10 * after):
+		t.Fatal("a follower behind the stream was not stopped while its subjects could not be read")
+	}
+}
+
+// failingLookups fails every last-message-of-subject request, as a server
+// that cannot answer in time.
+type failingLookups struct{ jetstream.Stream }
+
+func (failingLookups) GetLastMsgForSubject(context.Context, string) (*jetstream.RawStreamMsg, error) {
+	return nil, context.DeadlineExceeded
+}
+
 // lookups counts a stream's last-message-of-subject requests.
 type lookups struct {
 	jetstream.Stream
