@@ -122,7 +122,32 @@ func (ls *logState) foreignMark(p int) uint64 {
 func (ls *logState) setForeign(p int, seq uint64) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	ls.foreign[p] = max(ls.foreign[p], seq)
+	if seq <= ls.foreign[p] {
+		return
+	}
+	ls.foreign[p] = seq
+	close(ls.moved)
+	ls.moved = make(chan struct{})
+}
+
+// waitForeign waits until partition p's foreign mark is no longer mark: the
+// follower applied a record of another writer (or this instance's own,
+// after its commit failed), and a batch fenced behind it can be prepared
+// again.
+func (ls *logState) waitForeign(ctx context.Context, p int, mark uint64) error {
+	for {
+		ls.mu.RLock()
+		now, moved := ls.foreign[p], ls.moved
+		ls.mu.RUnlock()
+		if now != mark {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-moved:
+		}
+	}
 }
 
 // fence is the sequence an append to partition p must find last: what the
@@ -682,10 +707,15 @@ func (c *shard) failRound(batches []*partitionBatch, err error) {
 	c.follower.retry()
 	for _, b := range batches {
 		for _, q := range b.reqs {
-			q.done <- fmt.Errorf("commit %d inputs: %w", len(b.entries), err)
+			q.done <- fmt.Errorf("commit %d inputs: %w: %w", len(b.entries), errStoreDown, err)
 		}
 	}
 }
+
+// errStoreDown fails the requests of a round whose transaction failed as a
+// whole: the store failed, not their inputs, which are never rejected as
+// poison for it.
+var errStoreDown = errors.New("the store cannot commit")
 
 // retryAlone commits each request of a batch the store refused alone, so
 // that one worker's bad entry does not hold the others back; a request

@@ -405,14 +405,25 @@ func (r *Runner) takeOver(ctx context.Context, p int, floor, delivered uint64) (
 	// keep up does not hold the partition back for long. Not longer than
 	// half the pinned TTL: no pull goes out meanwhile, and a longer wait
 	// lost the pin, started a new term, and waited again, in a loop.
+	sh := r.shardOf(p)
 	wctx, wcancel := context.WithTimeout(ctx, min(5*time.Second, r.cfg.PinnedTTL/2))
 	last, err := changelog.LastOf(wctx, st, p)
+	cursor := sh.log.safeCursor()
 	if err == nil {
-		err = r.shardOf(p).log.waitSeen(wctx, p, last)
+		err = sh.log.waitSeen(wctx, p, last)
 	}
 	if err != nil && ctx.Err() == nil {
 		r.Log.Warn("taking the partition before catching up with the changelog", "partition", p,
-			"changelog_last", last, "applied", r.shardOf(p).log.appliedOf(p), "err", err)
+			"changelog_last", last, "applied", sh.log.appliedOf(p), "err", err)
+		if last > sh.log.appliedOf(p) && sh.log.safeCursor() == cursor {
+			// The follower moved not at all while the changelog held a
+			// record it lacks: stalled (after a node loss, its ordered
+			// consumer may be re-creating itself). Started again now, not
+			// when its watchdog notices: every commit of the partition is
+			// fenced until it has applied that record.
+			r.Log.Warn("the changelog follower made no progress; following again", "partition", p, "cursor", cursor)
+			sh.follower.retry()
+		}
 	}
 	wcancel()
 	if floor >= delivered {

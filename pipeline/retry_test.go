@@ -78,8 +78,9 @@ func TestTransientFailureIsRetriedInTheLane(t *testing.T) {
 }
 
 func TestTransientFailureBeyondBudgetIsNotLost(t *testing.T) {
-	// The lock outlasts the retry budget: the input cannot even be recorded
-	// as poison. It must be kept and retried, not given back to JetStream:
+	// The lock outlasts the retry budget: the store fails, not the input,
+	// which is not rejected as poison. It must be kept and retried, not
+	// given back to JetStream:
 	// given back, it came back behind its conversation's later inputs
 	// (seen after a NATS node loss, as an orphan tool result). Nothing is
 	// lost, nothing is rejected, nothing is reordered.
@@ -88,7 +89,7 @@ func TestTransientFailureBeyondBudgetIsNotLost(t *testing.T) {
 	release := lockDB(t, h.store.Path())
 	t1 := h.turn("budget", schema.RoleUser, 20)
 	deadline := time.Now().Add(10 * time.Second)
-	// Past the budget: the retries go on after poison failed to be recorded.
+	// Past the budget: the retries go on.
 	for h.metrics.Value("ctxpipe_retries_total", "") < 6 {
 		if time.Now().After(deadline) {
 			t.Fatal("the runner stopped retrying the input")

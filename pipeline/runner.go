@@ -394,6 +394,7 @@ func (r *Runner) worker(ctx context.Context) {
 // failing is rejected as poison.
 func (r *Runner) handle(ctx context.Context, batch []*job) {
 	start, backoff := time.Now(), 50*time.Millisecond
+	behind := 0
 	for {
 		p := batch[0].partition
 		seen := r.shardOf(p).log.foreignMark(p)
@@ -414,6 +415,24 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 			return
 		}
 		r.Metrics.Inc("ctxpipe_retries_total", "")
+		if errors.Is(err, errBehind) {
+			// Not the inputs' doing: a record of the partition is in the
+			// changelog and not yet in this store. Prepared again once the
+			// follower has applied it (or after behindWait, if it has not);
+			// neither split nor poisoned, however long that takes.
+			if behind == 0 {
+				r.Log.Warn("changelog ahead of the store; preparing again once the follower applied it", "inputs", len(batch), "partition", p)
+			}
+			behind++
+			wctx, cancel := context.WithTimeout(ctx, behindWait)
+			_ = r.shardOf(p).log.waitForeign(wctx, p, seen)
+			cancel()
+			if ctx.Err() != nil {
+				r.giveBack(batch)
+				return
+			}
+			continue
+		}
 		r.Log.Warn("transient failure; retrying", "inputs", len(batch), "err", err, "backoff", backoff)
 		if len(batch) > 1 {
 			for i, j := range batch {
@@ -426,7 +445,7 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 			}
 			return
 		}
-		if time.Since(start) > r.cfg.RetryBudget && r.poison(batch[0], err) {
+		if time.Since(start) > r.cfg.RetryBudget && !errors.Is(err, errStoreDown) && r.poison(batch[0], err) {
 			return
 		}
 		select {
@@ -438,6 +457,11 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 		backoff = min(backoff*2, 5*time.Second)
 	}
 }
+
+// behindWait bounds a fenced batch's wait for the follower: past it the
+// batch is prepared again anyway (the fence then tells whether the wait is
+// over).
+const behindWait = time.Second
 
 // poison records an input that kept failing as rejected, so it never blocks
 // its conversation again, and acks it. When even that cannot be committed
