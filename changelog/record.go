@@ -1,11 +1,3 @@
-// Package changelog holds CTX_STATE, the log every committed change goes to
-// before it is committed to SQLite: its record format, how a record is cut
-// into messages that fit the server's max payload and put back together,
-// and the JetStream effects (appending with a per-partition fence, following
-// the stream). An instance's SQLite database is a projection of this log, so
-// another instance can take a partition over, or a database be rebuilt,
-// from the streams alone: replaying a record runs no LLM call and counts no
-// token, it stores what the record says.
 package changelog
 
 import (
