@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ctxpipe/ctxpipe/internal/backoff"
 )
 
 // Publisher sends one event and returns its sequence in the event stream
@@ -27,24 +28,6 @@ type Publisher interface {
 // rows are published in order, and one such row would hold back every
 // later event of every conversation.
 var ErrUnpublishable = errors.New("the event can never be published")
-
-// PublishedMsg is one message the event stream holds.
-type PublishedMsg struct {
-	MsgID string // its Nats-Msg-Id: the event id
-	Seq   uint64 // its stream sequence
-}
-
-// PublishedLister reads back what the event stream holds, so the relay can
-// find the events it published but did not mark (a crash between the ack and
-// the mark, or a lost ack) after the stream's duplicate window has forgotten
-// their ids. A Publisher that also implements it (pipeline.JetStreamPublisher
-// does) gets this dedup beyond the window.
-type PublishedLister interface {
-	// PublishedAfter returns the stream's messages with a sequence above
-	// seq, in order, up to last, the stream's last sequence when the call
-	// began. It may read a bounded number of them, the newest.
-	PublishedAfter(ctx context.Context, seq uint64) (msgs []PublishedMsg, last uint64, err error)
-}
 
 // RelayOptions tunes a Relay. Zero fields take the defaults.
 type RelayOptions struct {
@@ -149,7 +132,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	// Whatever happened before this Run, the stream may hold rows not
 	// marked yet: read it back before the first publish.
 	r.reconciled = false
-	backoff := time.Duration(0)
+	retries := backoff.New(backoff.Policy{First: r.opts.MinBackoff, Max: r.opts.MaxBackoff})
 	failures := 0
 	for {
 		if r.s.closed.Load() {
@@ -174,14 +157,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		switch {
 		case err != nil:
 			failures++
-			backoff = min(max(2*backoff, r.opts.MinBackoff), r.opts.MaxBackoff)
-			wait = backoff
+			wait = retries.Next()
 			r.log.Warn("outbox relay round failed", "err", err, "retry_in", wait)
 		case n >= r.opts.BatchSize || released > 0:
-			backoff = 0
+			retries.Reset()
 			continue // more rows may be waiting, or waited behind the released ones
 		default:
-			backoff = 0
+			retries.Reset()
 			wait = r.opts.PollInterval
 			if !heldNext.IsZero() {
 				wait = max(min(wait, time.Until(heldNext)), time.Millisecond)
@@ -305,60 +287,6 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 	return found + len(done), pubErr
 }
 
-// needsReconcile tells whether the stream may hold a row of batch that the
-// duplicate window would no longer catch: on the first round with rows
-// pending (a crash may have come between an ack and its mark), and when a
-// row was first tried more than half a window ago.
-func (r *Relay) needsReconcile(batch []outboxRow) bool {
-	if r.lister == nil {
-		return false
-	}
-	if !r.reconciled {
-		return true
-	}
-	for _, o := range batch {
-		if t, ok := r.attempts[o.seq]; ok && time.Since(t) >= r.opts.DuplicateWindow/2 {
-			return true
-		}
-	}
-	return false
-}
-
-// reconcile reads the stream after the cursor, marks as published every
-// pending row whose event it holds, and moves the cursor to the stream's
-// end. It returns how many rows it marked.
-func (r *Relay) reconcile(ctx context.Context) (int, error) {
-	cursor, err := r.s.relayCursor(ctx)
-	if err != nil {
-		return 0, err
-	}
-	msgs, last, err := r.lister.PublishedAfter(ctx, cursor)
-	if err != nil {
-		return 0, fmt.Errorf("read event stream after seq %d: %w", cursor, err)
-	}
-	ids := make([]string, len(msgs))
-	for i, m := range msgs {
-		ids[i] = m.MsgID
-	}
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	n, err := r.s.markPublishedIDs(mctx, ids, last)
-	cancel()
-	if err != nil {
-		return 0, err
-	}
-	r.reconciled = true
-	// Every row still pending is now known not to be in the stream: its
-	// next attempt starts a fresh window.
-	clear(r.attempts)
-	if n > 0 {
-		r.log.Info("outbox rows found in the event stream, marked published instead of sent again",
-			"rows", n, "after_seq", cursor, "stream_last_seq", last, "scanned", len(msgs))
-	} else {
-		r.log.Debug("event stream read; no pending outbox row in it", "after_seq", cursor, "stream_last_seq", last, "scanned", len(msgs))
-	}
-	return n, nil
-}
-
 // progress wakes every Flush waiting for the relay to move.
 func (r *Relay) progress() {
 	r.mu.Lock()
@@ -398,111 +326,4 @@ func (r *Relay) Flush(ctx context.Context) error {
 		case <-prog:
 		}
 	}
-}
-
-// Pending is the number of outbox rows not yet published, held rows
-// (another writer's events) aside.
-func (s *Store) Pending(ctx context.Context) (int, error) {
-	var n int
-	if err := s.r.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL AND held_since IS NULL").Scan(&n); err != nil {
-		return 0, fmt.Errorf("outbox pending: %w", err)
-	}
-	return n, nil
-}
-
-const qSetCursor = `INSERT INTO relay_cursor (id, stream_seq) VALUES (1, ?)
-	ON CONFLICT (id) DO UPDATE SET stream_seq = excluded.stream_seq`
-
-// markPublished marks outbox rows by seq and, when streamSeq is not 0, moves
-// the relay cursor to it, in one transaction.
-func (s *Store) markPublished(ctx context.Context, seqs []int64, streamSeq uint64) error {
-	tx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("mark published: %w", err)
-	}
-	defer tx.Rollback()
-	st, err := tx.PrepareContext(ctx, "UPDATE outbox SET published_at = ? WHERE seq = ?")
-	if err != nil {
-		return fmt.Errorf("mark published: %w", err)
-	}
-	now := s.now().UnixMilli()
-	for _, seq := range seqs {
-		if _, err := st.ExecContext(ctx, now, seq); err != nil {
-			return fmt.Errorf("mark published seq %d: %w", seq, err)
-		}
-	}
-	if streamSeq > 0 {
-		if _, err := tx.ExecContext(ctx, qSetCursor, int64(streamSeq)); err != nil {
-			return fmt.Errorf("mark published: cursor: %w", err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("mark published: %w", err)
-	}
-	return nil
-}
-
-// markPublishedIDs marks the pending outbox rows of the given event ids and
-// sets the relay cursor to streamSeq, in one transaction. It returns how
-// many rows it marked.
-func (s *Store) markPublishedIDs(ctx context.Context, eventIDs []string, streamSeq uint64) (int, error) {
-	tx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return 0, fmt.Errorf("mark published: %w", err)
-	}
-	defer tx.Rollback()
-	st, err := tx.PrepareContext(ctx, "UPDATE outbox SET published_at = ? WHERE event_id = ? AND published_at IS NULL")
-	if err != nil {
-		return 0, fmt.Errorf("mark published: %w", err)
-	}
-	now := s.now().UnixMilli()
-	n := 0
-	for _, id := range eventIDs {
-		res, err := st.ExecContext(ctx, now, id)
-		if err != nil {
-			return 0, fmt.Errorf("mark published %s: %w", id, err)
-		}
-		k, err := res.RowsAffected()
-		if err != nil {
-			return 0, fmt.Errorf("mark published %s: %w", id, err)
-		}
-		n += int(k)
-	}
-	// Set, not raised: a stream deleted and created again starts over.
-	if _, err := tx.ExecContext(ctx, qSetCursor, int64(streamSeq)); err != nil {
-		return 0, fmt.Errorf("mark published: cursor: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("mark published: %w", err)
-	}
-	return n, nil
-}
-
-// relayCursor is the stream sequence up to which the event stream and the
-// outbox agree (0 before the first publish).
-func (s *Store) relayCursor(ctx context.Context) (uint64, error) {
-	var seq int64
-	err := s.r.QueryRowContext(ctx, "SELECT stream_seq FROM relay_cursor WHERE id = 1").Scan(&seq)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("relay cursor: %w", err)
-	}
-	return uint64(seq), nil
-}
-
-// PruneOutbox deletes outbox rows published before t and returns how many.
-// The events table keeps every event; the outbox only has to remember what
-// is still to send.
-func (s *Store) PruneOutbox(ctx context.Context, t time.Time) (int64, error) {
-	res, err := s.w.ExecContext(ctx, "DELETE FROM outbox WHERE published_at IS NOT NULL AND published_at < ?", t.UnixMilli())
-	if err != nil {
-		return 0, fmt.Errorf("prune outbox: %w", err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, fmt.Errorf("prune outbox: %w", err)
-	}
-	return n, nil
 }
