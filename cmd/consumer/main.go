@@ -3,6 +3,14 @@
 // 127.0.0.1:4222 so clients and the nats CLI can connect), a SQLite file and
 // the offline condenser, all under ./data. --nats-url connects to an
 // external server instead.
+//
+// config.go is the configuration and its flags; service.go (Main) starts
+// the service in order and stops it in reverse; embedded.go runs the
+// in-process NATS server, stores.go opens the SQLite files and their outbox
+// relays, dirlock.go keeps a data directory to one process, http.go serves
+// the dashboard, /metrics, /healthz and /readyz, memory.go sets the Go
+// heap's soft limit, and rebuild.go (--rebuild) rebuilds the SQLite file
+// from CTX_STATE and proves them identical.
 package main
 
 import (
