@@ -81,8 +81,10 @@ func joinText(parts ...string) string {
 	return strings.Join(out, "\n\n")
 }
 
-// placeSystem files a system message: into the leading run while no turn
-// came yet, else before the next turn (pending), or the trail at the end.
+// systemPlacer files a request's system messages: into the leading run
+// while no turn came yet, else before the next turn (pending), or the
+// trail at the end; finish completes the request from what was filed
+// (its trail, its system text, its last user text and its fallback key).
 type systemPlacer struct {
 	req     *request
 	pending []jsontext.Value
@@ -109,4 +111,24 @@ func (p *systemPlacer) finish() {
 	if n := len(p.req.turns); n > 0 && p.req.turns[n-1].role == schema.RoleUser {
 		p.req.lastUserText = p.req.turns[n-1].content.OwnText("\n")
 	}
+	p.req.keys.Fallback = p.req.fallback()
+}
+
+// renderPlain writes a message whose content is one string as text writes
+// it in one API, and nothing for an empty string; ok is false for content
+// in blocks, which each API writes its own way.
+func renderPlain(m *schema.Message, text func(role schema.Role, s string) jsontext.Value) (out []jsontext.Value, ok bool) {
+	if m.Content.IsBlocks {
+		return nil, false
+	}
+	if m.Content.Text == "" {
+		return nil, true
+	}
+	return []jsontext.Value{text(m.Role, m.Content.Text)}, true
+}
+
+// roleContent is a message of text as the Chat Completions and Messages
+// APIs write it: {"role", "content": string}.
+func roleContent(role schema.Role, s string) jsontext.Value {
+	return marshal(map[string]any{"role": role, "content": s})
 }

@@ -49,17 +49,7 @@ func wireParts(t *testing.T, content json.RawMessage) []string {
 		}
 		return []string{"text:" + s}
 	}
-	var blocks []struct {
-		Type      string          `json:"type"`
-		Text      string          `json:"text"`
-		Thinking  string          `json:"thinking"`
-		ID        string          `json:"id"`
-		Name      string          `json:"name"`
-		Input     json.RawMessage `json:"input"`
-		ToolUseID string          `json:"tool_use_id"`
-		Content   json.RawMessage `json:"content"`
-		IsError   bool            `json:"is_error"`
-	}
+	var blocks []anthBlock
 	if err := json.Unmarshal(content, &blocks); err != nil {
 		t.Fatalf("forwarded content %s: %v", clip(string(content), 200), err)
 	}

@@ -33,13 +33,9 @@ func parseObject(body []byte) (*object, error) {
 	if !utf8.Valid(body) {
 		return nil, fmt.Errorf("%w: the body is not valid UTF-8", errBadJSON)
 	}
-	d := jsontext.NewDecoder(bytes.NewReader(body), jsontext.AllowDuplicateNames(true))
-	tok, err := d.ReadToken()
+	d, err := openJSON(body, '{', "the body must be a JSON object")
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errBadJSON, err)
-	}
-	if tok.Kind() != '{' {
-		return nil, fmt.Errorf("%w: the body must be a JSON object", errBadJSON)
+		return nil, err
 	}
 	o := &object{raw: body}
 	for d.PeekKind() != '}' {
@@ -62,6 +58,20 @@ func parseObject(body []byte) (*object, error) {
 		return nil, fmt.Errorf("%w: data after the object", errBadJSON)
 	}
 	return o, nil
+}
+
+// openJSON starts decoding raw, whose first token must open an object
+// ('{') or an array ('['): else the error says what it must be.
+func openJSON(raw []byte, open jsontext.Kind, must string) (*jsontext.Decoder, error) {
+	d := jsontext.NewDecoder(bytes.NewReader(raw), jsontext.AllowDuplicateNames(true))
+	tok, err := d.ReadToken()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errBadJSON, err)
+	}
+	if tok.Kind() != open {
+		return nil, fmt.Errorf("%w: %s", errBadJSON, must)
+	}
+	return d, nil
 }
 
 // get returns the raw value of the last member called name, or nil.
@@ -107,15 +117,25 @@ func joinArray(elems []jsontext.Value) []byte {
 	return append(out, ']')
 }
 
+// messages is the request's "messages" array (Chat Completions and
+// Messages), split into its elements; it is required.
+func (o *object) messages() ([]jsontext.Value, error) {
+	raw := o.get("messages")
+	if raw == nil {
+		return nil, fmt.Errorf("%w: messages is required", errBadJSON)
+	}
+	elems, err := splitArray(raw)
+	if err != nil {
+		return nil, fmt.Errorf("messages: %w", err)
+	}
+	return elems, nil
+}
+
 // splitArray returns the elements of a JSON array, each as its own bytes.
 func splitArray(raw []byte) ([]jsontext.Value, error) {
-	d := jsontext.NewDecoder(bytes.NewReader(raw), jsontext.AllowDuplicateNames(true))
-	tok, err := d.ReadToken()
+	d, err := openJSON(raw, '[', "want an array")
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errBadJSON, err)
-	}
-	if tok.Kind() != '[' {
-		return nil, fmt.Errorf("%w: want an array", errBadJSON)
+		return nil, err
 	}
 	var out []jsontext.Value
 	for d.PeekKind() != ']' {

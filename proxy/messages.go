@@ -143,13 +143,9 @@ func (messagesAPI) parse(o *object) (*request, error) {
 		}
 		r.system = c.OwnText("\n")
 	}
-	raw := o.get("messages")
-	if raw == nil {
-		return nil, fmt.Errorf("%w: messages is required", errBadJSON)
-	}
-	elems, err := splitArray(raw)
+	elems, err := o.messages()
 	if err != nil {
-		return nil, fmt.Errorf("messages: %w", err)
+		return nil, err
 	}
 	p := systemPlacer{req: r}
 	for i, e := range elems {
@@ -179,16 +175,24 @@ func (messagesAPI) parse(o *object) (*request, error) {
 		}
 	}
 	p.finish()
-	r.keys.Fallback = r.fallback()
 	return r, nil
 }
 
+// anthToolResult is a tool_result block as the Messages API writes it.
+func anthToolResult(b schema.Block) map[string]any {
+	tr := map[string]any{"type": "tool_result", "tool_use_id": b.ToolUseID}
+	if b.Content != nil {
+		tr["content"] = *b.Content
+	}
+	if b.IsError {
+		tr["is_error"] = true
+	}
+	return tr
+}
+
 func (messagesAPI) render(m *schema.Message) []jsontext.Value {
-	if !m.Content.IsBlocks {
-		if m.Content.Text == "" {
-			return nil
-		}
-		return []jsontext.Value{marshal(map[string]any{"role": m.Role, "content": m.Content.Text})}
+	if out, ok := renderPlain(m, roleContent); ok {
+		return out
 	}
 	var blocks []map[string]any
 	for _, b := range m.Content.Blocks {
@@ -200,14 +204,7 @@ func (messagesAPI) render(m *schema.Message) []jsontext.Value {
 		case schema.BlockToolUse:
 			blocks = append(blocks, map[string]any{"type": "tool_use", "id": b.ID, "name": b.Name, "input": b.Input})
 		case schema.BlockToolResult:
-			tr := map[string]any{"type": "tool_result", "tool_use_id": b.ToolUseID}
-			if b.Content != nil {
-				tr["content"] = *b.Content
-			}
-			if b.IsError {
-				tr["is_error"] = true
-			}
-			blocks = append(blocks, tr)
+			blocks = append(blocks, anthToolResult(b))
 		case schema.BlockImage:
 			blocks = append(blocks, map[string]any{"type": "image", "source": b.Source})
 		}

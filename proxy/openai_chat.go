@@ -34,8 +34,9 @@ type chatToolCall struct {
 }
 
 // contentBlocks reads a content value that is a string, null or an array
-// of parts into blocks; part reads one part (its raw JSON) into a block.
-func contentBlocks(raw []byte, part func(e []byte) (schema.Block, error)) ([]schema.Block, error) {
+// of parts into blocks: each part is decoded into a P, and part reads it
+// (with the part's raw JSON) into a block.
+func contentBlocks[P any](raw []byte, part func(p *P, e []byte) schema.Block) ([]schema.Block, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
 	}
@@ -52,38 +53,37 @@ func contentBlocks(raw []byte, part func(e []byte) (schema.Block, error)) ([]sch
 	}
 	var out []schema.Block
 	for _, e := range elems {
-		b, err := part(e)
-		if err != nil {
-			return nil, err
+		var p P
+		if err := json.Unmarshal(e, &p); err != nil {
+			return nil, fmt.Errorf("%w: content part: %v", errBadJSON, err)
 		}
-		out = append(out, b)
+		out = append(out, part(&p, e))
 	}
 	return out, nil
 }
 
+// chatPart is a content part of the Chat Completions API.
+type chatPart struct {
+	Type     string `json:"type"`
+	Text     string `json:"text"`
+	Refusal  string `json:"refusal"`
+	ImageURL struct {
+		URL string `json:"url"`
+	} `json:"image_url"`
+}
+
 // chatParts reads a Chat Completions content value into blocks.
 func chatParts(raw []byte) ([]schema.Block, error) {
-	return contentBlocks(raw, func(e []byte) (schema.Block, error) {
-		var p struct {
-			Type     string `json:"type"`
-			Text     string `json:"text"`
-			Refusal  string `json:"refusal"`
-			ImageURL struct {
-				URL string `json:"url"`
-			} `json:"image_url"`
-		}
-		if err := json.Unmarshal(e, &p); err != nil {
-			return schema.Block{}, fmt.Errorf("%w: content part: %v", errBadJSON, err)
-		}
+	return contentBlocks(raw, func(p *chatPart, e []byte) schema.Block {
 		switch {
 		case p.Type == "text":
-			return schema.Block{Type: schema.BlockText, Text: p.Text}, nil
+			return schema.Block{Type: schema.BlockText, Text: p.Text}
 		case p.Type == "refusal":
-			return schema.Block{Type: schema.BlockText, Text: p.Refusal}, nil
+			return schema.Block{Type: schema.BlockText, Text: p.Refusal}
 		case p.Type == "image_url" && p.ImageURL.URL != "":
-			return imageBlock(p.ImageURL.URL), nil
+			return imageBlock(p.ImageURL.URL)
 		default:
-			return rawText(e), nil
+			return rawText(e)
 		}
 	})
 }
@@ -101,22 +101,23 @@ func imageBlock(url string) schema.Block {
 // chatTurn reads one user, assistant or tool message into a turn.
 func chatTurn(m *chatMessage, raw jsontext.Value) (turnMsg, error) {
 	var role schema.Role
-	var blocks []schema.Block
 	switch m.Role {
-	case "user":
+	case "user", "tool":
 		role = schema.RoleUser
-		b, err := chatParts(m.Content)
-		if err != nil {
-			return turnMsg{}, err
-		}
-		blocks = b
 	case "assistant":
 		role = schema.RoleAssistant
-		b, err := chatParts(m.Content)
-		if err != nil {
-			return turnMsg{}, err
-		}
-		blocks = b
+	default:
+		return turnMsg{}, fmt.Errorf("unknown role %q (want system, developer, user, assistant or tool)", clip(m.Role, 40))
+	}
+	if m.Role == "tool" && m.ToolCallID == "" {
+		return turnMsg{}, fmt.Errorf("a tool message needs its tool_call_id")
+	}
+	blocks, err := chatParts(m.Content)
+	if err != nil {
+		return turnMsg{}, err
+	}
+	switch m.Role {
+	case "assistant":
 		if m.Refusal != "" {
 			blocks = append(blocks, schema.Block{Type: schema.BlockText, Text: m.Refusal})
 		}
@@ -128,18 +129,8 @@ func chatTurn(m *chatMessage, raw jsontext.Value) (turnMsg, error) {
 			blocks = append(blocks, schema.Block{Type: schema.BlockToolUse, ID: tc.ID, Name: tc.Function.Name, Input: toolInput(tc.Function.Arguments)})
 		}
 	case "tool":
-		role = schema.RoleUser
-		if m.ToolCallID == "" {
-			return turnMsg{}, fmt.Errorf("a tool message needs its tool_call_id")
-		}
-		b, err := chatParts(m.Content)
-		if err != nil {
-			return turnMsg{}, err
-		}
-		inner := flatResult(schema.BlockContent(b...))
+		inner := flatResult(schema.BlockContent(blocks...))
 		blocks = []schema.Block{{Type: schema.BlockToolResult, ToolUseID: m.ToolCallID, Content: &inner}}
-	default:
-		return turnMsg{}, fmt.Errorf("unknown role %q (want system, developer, user, assistant or tool)", clip(m.Role, 40))
 	}
 	c := schema.BlockContent(blocks...)
 	return turnMsg{role: role, content: c, canon: canonOf(role, c, nil), raw: []jsontext.Value{raw}}, nil
@@ -155,13 +146,9 @@ func (chatAPI) parse(o *object) (*request, error) {
 		return nil, fmt.Errorf("%w: %v", errBadJSON, err)
 	}
 	r.stream, r.keys.PromptCacheKey = top.Stream, top.PromptCacheKey
-	raw := o.get("messages")
-	if raw == nil {
-		return nil, fmt.Errorf("%w: messages is required", errBadJSON)
-	}
-	elems, err := splitArray(raw)
+	elems, err := o.messages()
 	if err != nil {
-		return nil, fmt.Errorf("messages: %w", err)
+		return nil, err
 	}
 	p := systemPlacer{req: r}
 	for i, e := range elems {
@@ -184,16 +171,12 @@ func (chatAPI) parse(o *object) (*request, error) {
 		p.turn(t)
 	}
 	p.finish()
-	r.keys.Fallback = r.fallback()
 	return r, nil
 }
 
 func (chatAPI) render(m *schema.Message) []jsontext.Value {
-	if !m.Content.IsBlocks {
-		if m.Content.Text == "" {
-			return nil
-		}
-		return []jsontext.Value{marshal(map[string]any{"role": m.Role, "content": m.Content.Text})}
+	if out, ok := renderPlain(m, roleContent); ok {
+		return out
 	}
 	var out []jsontext.Value
 	var text []string
@@ -278,13 +261,8 @@ func (chatAPI) reply(body []byte, sse bool) (turnMsg, *schema.Usage, bool) {
 						Content   *string `json:"content"`
 						Refusal   *string `json:"refusal"`
 						ToolCalls []struct {
-							Index    int    `json:"index"`
-							ID       string `json:"id"`
-							Type     string `json:"type"`
-							Function struct {
-								Name      string `json:"name"`
-								Arguments string `json:"arguments"`
-							} `json:"function"`
+							Index int `json:"index"`
+							chatToolCall
 						} `json:"tool_calls"`
 					} `json:"delta"`
 				} `json:"choices"`

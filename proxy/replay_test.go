@@ -131,14 +131,7 @@ func replayUser(c schema.Content) jsontext.Value {
 		case schema.BlockText:
 			out = append(out, map[string]any{"type": "text", "text": b.Text})
 		case schema.BlockToolResult:
-			tr := map[string]any{"type": "tool_result", "tool_use_id": b.ToolUseID}
-			if b.Content != nil {
-				tr["content"] = *b.Content
-			}
-			if b.IsError {
-				tr["is_error"] = true
-			}
-			out = append(out, tr)
+			out = append(out, anthToolResult(b))
 		}
 	}
 	return marshal(map[string]any{"role": "user", "content": out})

@@ -34,28 +34,27 @@ type respItem struct {
 	EncryptedContent string `json:"encrypted_content"`
 }
 
+// respPart is a content part of the Responses API.
+type respPart struct {
+	Type     string `json:"type"`
+	Text     string `json:"text"`
+	Refusal  string `json:"refusal"`
+	ImageURL string `json:"image_url"`
+}
+
 // respParts reads a Responses message's content (a string or parts) into
 // blocks.
 func respParts(raw []byte) ([]schema.Block, error) {
-	return contentBlocks(raw, func(e []byte) (schema.Block, error) {
-		var p struct {
-			Type     string `json:"type"`
-			Text     string `json:"text"`
-			Refusal  string `json:"refusal"`
-			ImageURL string `json:"image_url"`
-		}
-		if err := json.Unmarshal(e, &p); err != nil {
-			return schema.Block{}, fmt.Errorf("%w: content part: %v", errBadJSON, err)
-		}
+	return contentBlocks(raw, func(p *respPart, e []byte) schema.Block {
 		switch {
 		case p.Type == "input_text" || p.Type == "output_text" || p.Type == "text":
-			return schema.Block{Type: schema.BlockText, Text: p.Text}, nil
+			return schema.Block{Type: schema.BlockText, Text: p.Text}
 		case p.Type == "refusal":
-			return schema.Block{Type: schema.BlockText, Text: p.Refusal}, nil
+			return schema.Block{Type: schema.BlockText, Text: p.Refusal}
 		case p.Type == "input_image" && p.ImageURL != "":
-			return imageBlock(p.ImageURL), nil
+			return imageBlock(p.ImageURL)
 		default:
-			return rawText(e), nil
+			return rawText(e)
 		}
 	})
 }
@@ -208,16 +207,12 @@ func (responsesAPI) parse(o *object) (*request, error) {
 		g.flush()
 	}
 	p.finish()
-	r.keys.Fallback = r.fallback()
 	return r, nil
 }
 
 func (responsesAPI) render(m *schema.Message) []jsontext.Value {
-	if !m.Content.IsBlocks {
-		if m.Content.Text == "" {
-			return nil
-		}
-		return []jsontext.Value{respMessage(m.Role, []string{m.Content.Text})}
+	if out, ok := renderPlain(m, func(role schema.Role, s string) jsontext.Value { return respMessage(role, []string{s}) }); ok {
+		return out
 	}
 	var out []jsontext.Value
 	var text []string
