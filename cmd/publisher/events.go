@@ -168,12 +168,9 @@ func followConv(ctx context.Context, c *cli, conv string, all, asJSON bool) erro
 
 func runReplay(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags()
-	conv := fs.String("conv", "", "conversation id (required)")
+	conv := convFlag(fs)
 	asJSON := fs.Bool("json", false, "print each event's raw JSON")
-	if err := parseConv(fs, args, conv); err != nil {
-		return err
-	}
-	cl, done, err := c.client()
+	cl, done, err := c.convClient(fs, args, conv)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,8 @@ import (
 	"io"
 	"strings"
 
+	"github.com/sashabaranov/go-openai"
+
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -60,20 +62,11 @@ func (tr *Transcript) where(i int) string {
 // apiMessage is the union of the fields we read from Anthropic and OpenAI
 // messages; detection looks at which ones are present.
 type apiMessage struct {
-	Role             string           `json:"role"`
-	Content          json.RawMessage  `json:"content"`
-	ReasoningContent string           `json:"reasoning_content"` // DeepSeek and others
-	ToolCalls        []openAIToolCall `json:"tool_calls"`
-	ToolCallID       string           `json:"tool_call_id"`
-}
-
-type openAIToolCall struct {
-	ID       string `json:"id"`
-	Type     string `json:"type"`
-	Function struct {
-		Name      string `json:"name"`
-		Arguments string `json:"arguments"`
-	} `json:"function"`
+	Role             string            `json:"role"`
+	Content          json.RawMessage   `json:"content"`
+	ReasoningContent string            `json:"reasoning_content"` // DeepSeek and others
+	ToolCalls        []openai.ToolCall `json:"tool_calls"`
+	ToolCallID       string            `json:"tool_call_id"`
 }
 
 // wrapper is a whole request body: {"system"?, "messages":[…]}.

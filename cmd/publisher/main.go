@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
+	"github.com/ctxpipe/ctxpipe/client"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -217,6 +218,21 @@ func parseConv(fs *flag.FlagSet, args []string, conv *string) error {
 		return err
 	}
 	return requireConv(*conv)
+}
+
+// convFlag defines the required --conv of a command about one
+// conversation.
+func convFlag(fs *flag.FlagSet) *string {
+	return fs.String("conv", "", "conversation id (required)")
+}
+
+// convClient parses a command that takes flags only, one of them the
+// required --conv, and connects its client; done closes the connection.
+func (c *cli) convClient(fs *flag.FlagSet, args []string, conv *string) (cl *client.Client, done func(), err error) {
+	if err := parseConv(fs, args, conv); err != nil {
+		return nil, nil, err
+	}
+	return c.client()
 }
 
 // connect connects as this command and returns a JetStream context.

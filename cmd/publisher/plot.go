@@ -19,7 +19,7 @@ import (
 // rather see than read off a list of events.
 func runPlot(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags()
-	conv := fs.String("conv", "", "conversation id (required)")
+	conv := convFlag(fs)
 	out := fs.String("out", "", "write the SVG here (default: stdout)")
 	if err := parseConv(fs, args, conv); err != nil {
 		return err

@@ -26,7 +26,7 @@ const window = 256
 
 func runPublish(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags()
-	conv := fs.String("conv", "", "conversation id (required)")
+	conv := convFlag(fs)
 	profile := fs.String("profile", "", "profile id for every turn (default: keep the file's, else the service default)")
 	format := fs.String("format", "auto", "transcript format: auto, turns, anthropic or openai")
 	systemFile := fs.String("system-file", "", "system prompt file (default: FILE's .system.txt sibling when it exists)")

@@ -19,7 +19,7 @@ import (
 func runControl(kind schema.InputKind) func(context.Context, *cli, []string) error {
 	return func(ctx context.Context, c *cli, args []string) error {
 		fs := c.flags()
-		conv := fs.String("conv", "", "conversation id (required)")
+		conv := convFlag(fs)
 		var (
 			ts            *int64
 			includeTarget *bool
@@ -106,7 +106,7 @@ func runControl(kind schema.InputKind) func(context.Context, *cli, []string) err
 
 func runHistory(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags()
-	conv := fs.String("conv", "", "conversation id (required)")
+	conv := convFlag(fs)
 	view := fs.String("view", "effective", "effective (what the agent sends its model) or full (everything, with tags)")
 	waitFor := fs.String("wait-for", "", "input id: wait until ctxpipe has applied it")
 	timeout := fs.Duration("timeout", 30*time.Second, "how long to wait for the reply")
@@ -210,12 +210,9 @@ func preview(c schema.Content, n int) string {
 
 func runStatus(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags()
-	conv := fs.String("conv", "", "conversation id (required)")
+	conv := convFlag(fs)
 	asJSON := fs.Bool("json", false, "print the reply's JSON")
-	if err := parseConv(fs, args, conv); err != nil {
-		return err
-	}
-	cl, done, err := c.client()
+	cl, done, err := c.convClient(fs, args, conv)
 	if err != nil {
 		return err
 	}
