@@ -1,6 +1,7 @@
 package textfacts
 
 import (
+	"iter"
 	"regexp"
 	"strings"
 	"unicode/utf8"
@@ -34,13 +35,7 @@ func LastErrorLine(out string) string {
 	}
 	// From the last line back, without splitting the whole output: tool
 	// outputs run to megabytes and the error is usually near the end.
-	for rest := out; rest != ""; {
-		line := rest
-		if i := strings.LastIndexByte(rest, '\n'); i >= 0 {
-			line, rest = rest[i+1:], rest[:i]
-		} else {
-			rest = ""
-		}
+	for line := range linesBackward(out) {
 		if !mayReportError(line) || !reportsError(line) {
 			continue
 		}
@@ -51,6 +46,24 @@ func LastErrorLine(out string) string {
 		return Clip(l, MaxErrorLineChars)
 	}
 	return ""
+}
+
+// linesBackward yields s's lines from the last to the first, without
+// splitting s: a trailing newline yields no empty last line.
+func linesBackward(s string) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for rest := s; rest != ""; {
+			line := rest
+			if i := strings.LastIndexByte(rest, '\n'); i >= 0 {
+				line, rest = rest[i+1:], rest[:i]
+			} else {
+				rest = ""
+			}
+			if !yield(line) {
+				return
+			}
+		}
+	}
 }
 
 // mayReportError is a cheap superset of reportsError: most lines hold none

@@ -127,16 +127,22 @@ func (t *Touched) Carry(text string) {
 	}
 }
 
-// Call adds the files one tool call names.
-func (t *Touched) Call(b schema.Block, in ToolInput) {
-	name := strings.ToLower(b.Name)
-	how := "read"
+// touchOf is how a tool of that name touches the files it names: "edited"
+// or "created" by an edit or write tool, else "read".
+func touchOf(tool string) string {
+	name := strings.ToLower(tool)
 	switch {
 	case containsAny(name, editTools):
-		how = "edited"
+		return "edited"
 	case containsAny(name, writeTools):
-		how = "created"
+		return "created"
 	}
+	return "read"
+}
+
+// Call adds the files one tool call names.
+func (t *Touched) Call(b schema.Block, in ToolInput) {
+	how := touchOf(b.Name)
 	for _, p := range in.Paths {
 		t.add(ExplicitPath(p), how)
 	}

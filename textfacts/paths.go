@@ -127,14 +127,20 @@ func LooksLikePath(w string) bool {
 		base := strings.TrimSuffix(path.Base(w), "."+ext)
 		return base != "" && !isNumber(base)
 	}
+	return dirPath(w)
+}
+
+// dirPath tells whether w, a word with no known file extension, names a
+// path: it has a slash, and it is absolute, home- or parent-relative with a
+// letter in it, or relative with every segment starting like a name (so
+// that arithmetic such as x/2 is not taken for a path).
+func dirPath(w string) bool {
 	if !strings.Contains(w, "/") {
 		return false
 	}
 	if strings.HasPrefix(w, "/") || strings.HasPrefix(w, "~/") || strings.HasPrefix(w, "../") {
 		return strings.IndexFunc(w, isLetter) >= 0
 	}
-	// A relative path with no known extension: every segment must start like
-	// a name, so arithmetic such as x/2 is not taken for a path.
 	for _, seg := range strings.Split(strings.TrimSuffix(w, "/"), "/") {
 		if seg == "" || !(isLetter(rune(seg[0])) || seg[0] == '_' || seg[0] == '.') {
 			return false

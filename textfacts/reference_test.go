@@ -51,13 +51,7 @@ func refLastErrorLine(out string) string {
 			return m[1]
 		}
 	}
-	for rest := out; rest != ""; {
-		line := rest
-		if i := strings.LastIndexByte(rest, '\n'); i >= 0 {
-			line, rest = rest[i+1:], rest[:i]
-		} else {
-			rest = ""
-		}
+	for line := range linesBackward(out) {
 		if !mayReportError(line) || !refErrorLine.MatchString(line) {
 			continue
 		}
@@ -118,14 +112,7 @@ func refFilesTouched(msgs []schema.Message) []FileTouch {
 }
 
 func refTouchedBy(b schema.Block, add func(path, how string)) {
-	name := strings.ToLower(b.Name)
-	how := "read"
-	switch {
-	case containsAny(name, editTools):
-		how = "edited"
-	case containsAny(name, writeTools):
-		how = "created"
-	}
+	how := touchOf(b.Name)
 	var input map[string]any
 	_ = json.Unmarshal(b.Input, &input)
 	for _, k := range pathKeys {
@@ -291,18 +278,7 @@ func refLooksLikePath(w string) bool {
 		_, err := strconv.ParseFloat(base, 64)
 		return base != "" && err != nil
 	}
-	if !strings.Contains(w, "/") {
-		return false
-	}
-	if strings.HasPrefix(w, "/") || strings.HasPrefix(w, "~/") || strings.HasPrefix(w, "../") {
-		return strings.IndexFunc(w, isLetter) >= 0
-	}
-	for _, seg := range strings.Split(strings.TrimSuffix(w, "/"), "/") {
-		if seg == "" || !(isLetter(rune(seg[0])) || seg[0] == '_' || seg[0] == '.') {
-			return false
-		}
-	}
-	return true
+	return dirPath(w)
 }
 
 func refMeaningfulLines(s string) []string {
@@ -529,13 +505,20 @@ func TestExtractionMatchesReference(t *testing.T) {
 // corner cases of the patterns they replace, which the runs may lack.
 func TestExtractionEdgeCases(t *testing.T) {
 	for _, s := range extractionSeeds {
-		sameExtraction(t, s)
-		sameWords(t, s)
-		sameFilesTouched(t, s)
-		list := FilesTouchedHeading + "\n" + s
-		if got, want := filesFromList(list), refFilesFromList(list); !reflect.DeepEqual(got, want) {
-			t.Fatalf("filesFromList(%q) = %v, reference %v", list, got, want)
-		}
+		sameOnAll(t, s)
+	}
+}
+
+// sameOnAll compares every scanner with its reference on s, s also read as
+// a files-touched list.
+func sameOnAll(t *testing.T, s string) {
+	t.Helper()
+	sameExtraction(t, s)
+	sameWords(t, s)
+	sameFilesTouched(t, s)
+	list := FilesTouchedHeading + "\n" + s
+	if got, want := filesFromList(list), refFilesFromList(list); !reflect.DeepEqual(got, want) {
+		t.Fatalf("filesFromList(%q) = %v, reference %v", list, got, want)
 	}
 }
 
@@ -581,12 +564,6 @@ func FuzzExtractionMatchesReference(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		sameExtraction(t, s)
-		sameWords(t, s)
-		sameFilesTouched(t, s)
-		list := FilesTouchedHeading + "\n" + s
-		if got, want := filesFromList(list), refFilesFromList(list); !reflect.DeepEqual(got, want) {
-			t.Fatalf("filesFromList(%q) = %v, reference %v", list, got, want)
-		}
+		sameOnAll(t, s)
 	})
 }
