@@ -86,8 +86,8 @@ const MaxHistoryLimit = 100_000
 // Validate checks the request and fills the default view ("effective").
 // A non-nil error is a *QueryErrorBody with code bad_request.
 func (r *HistoryRequest) Validate() error {
-	if !ValidConversationID(r.ConversationID) {
-		return QueryErrorf(QueryBadRequest, "conversation_id %q %s", r.ConversationID, convIDRule)
+	if err := queryConversationID(r.ConversationID); err != nil {
+		return err
 	}
 	switch r.View {
 	case "":
@@ -187,8 +187,8 @@ const MaxEventsLimit = 1000
 
 // Validate checks the request and fills the default limit.
 func (r *EventsRequest) Validate() error {
-	if !ValidConversationID(r.ConversationID) {
-		return QueryErrorf(QueryBadRequest, "conversation_id %q %s", r.ConversationID, convIDRule)
+	if err := queryConversationID(r.ConversationID); err != nil {
+		return err
 	}
 	if r.After < 0 || r.Limit < 0 || r.Limit > MaxEventsLimit {
 		return QueryErrorf(QueryBadRequest, "after must be ≥ 0 and limit in [0, %d]", MaxEventsLimit)
@@ -215,8 +215,8 @@ type StatusRequest struct {
 
 // Validate checks the request. A non-nil error is a *QueryErrorBody.
 func (r *StatusRequest) Validate() error {
-	if !ValidConversationID(r.ConversationID) {
-		return QueryErrorf(QueryBadRequest, "conversation_id %q %s", r.ConversationID, convIDRule)
+	if err := queryConversationID(r.ConversationID); err != nil {
+		return err
 	}
 	return nil
 }
@@ -291,6 +291,15 @@ func DecodeQueryReply(data []byte, v any) error {
 	}
 	if err := json.Unmarshal(data, v); err != nil {
 		return fmt.Errorf("decode query reply: %w", err)
+	}
+	return nil
+}
+
+// queryConversationID checks a query's conversation_id: a bad one is a
+// *QueryErrorBody with code bad_request.
+func queryConversationID(id string) error {
+	if !ValidConversationID(id) {
+		return QueryErrorf(QueryBadRequest, "conversation_id %q %s", id, convIDRule)
 	}
 	return nil
 }
