@@ -52,11 +52,9 @@ type Masked struct {
 func PlanMask(msgs []schema.Message, o MaskOptions, maskID string, ts int64, count func(schema.Content) int) (Masked, bool) {
 	summaries, markers := liveIDs(msgs)
 	calls := map[string]schema.Block{}
-	for i := range msgs {
-		for _, b := range msgs[i].Content.Blocks {
-			if b.Type == schema.BlockToolUse {
-				calls[b.ID] = b
-			}
+	for b := range blocksOf(msgs) {
+		if b.Type == schema.BlockToolUse {
+			calls[b.ID] = b
 		}
 	}
 	type pos struct{ msg, block int }
@@ -288,11 +286,9 @@ func clipInput(in json.RawMessage) json.RawMessage {
 func maskRequest(req, all []schema.Message) []schema.Message {
 	calls := map[string]schema.Block{}
 	for _, ms := range [][]schema.Message{all, req} {
-		for i := range ms {
-			for _, b := range ms[i].Content.Blocks {
-				if b.Type == schema.BlockToolUse {
-					calls[b.ID] = b
-				}
+		for b := range blocksOf(ms) {
+			if b.Type == schema.BlockToolUse {
+				calls[b.ID] = b
 			}
 		}
 	}

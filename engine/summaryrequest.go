@@ -69,20 +69,16 @@ func mapBlocks(msgs []schema.Message, f func(schema.Block) schema.Block) []schem
 // with a synthetic one, so the summarizer's request is a valid tool exchange.
 func withDeferredToolResults(msgs []schema.Message) []schema.Message {
 	answered := map[string]bool{}
-	for i := range msgs {
-		for _, b := range msgs[i].Content.Blocks {
-			if b.Type == schema.BlockToolResult {
-				answered[b.ToolUseID] = true
-			}
+	for b := range blocksOf(msgs) {
+		if b.Type == schema.BlockToolResult {
+			answered[b.ToolUseID] = true
 		}
 	}
 	var pending []schema.Block
-	for i := range msgs {
-		for _, b := range msgs[i].Content.Blocks {
-			if b.Type == schema.BlockToolUse && !answered[b.ID] {
-				c := schema.TextContent(prompts.ToolDeferred)
-				pending = append(pending, schema.Block{Type: schema.BlockToolResult, ToolUseID: b.ID, Content: &c})
-			}
+	for b := range blocksOf(msgs) {
+		if b.Type == schema.BlockToolUse && !answered[b.ID] {
+			c := schema.TextContent(prompts.ToolDeferred)
+			pending = append(pending, schema.Block{Type: schema.BlockToolResult, ToolUseID: b.ID, Content: &c})
 		}
 	}
 	if len(pending) == 0 {
@@ -98,14 +94,12 @@ func withDeferredToolResults(msgs []schema.Message) []schema.Message {
 // the tail's first assistant turn starts exchanges of its own.
 func withTailResults(span, tail []schema.Message) []schema.Message {
 	calls := map[string]bool{}
-	for i := range span {
-		for _, b := range span[i].Content.Blocks {
-			switch b.Type {
-			case schema.BlockToolUse:
-				calls[b.ID] = true
-			case schema.BlockToolResult:
-				delete(calls, b.ToolUseID)
-			}
+	for b := range blocksOf(span) {
+		switch b.Type {
+		case schema.BlockToolUse:
+			calls[b.ID] = true
+		case schema.BlockToolResult:
+			delete(calls, b.ToolUseID)
 		}
 	}
 	var results []schema.Block

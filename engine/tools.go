@@ -1,6 +1,10 @@
 package engine
 
-import "github.com/ctxpipe/ctxpipe/schema"
+import (
+	"iter"
+
+	"github.com/ctxpipe/ctxpipe/schema"
+)
 
 // Tool calls and their results. An assistant turn opens calls; the user
 // turns after it answer them, all in one turn (Anthropic) or one turn per
@@ -37,4 +41,17 @@ func openToolUses(msgs []schema.Message) map[string]bool {
 		return open
 	}
 	return nil
+}
+
+// blocksOf yields the content blocks of msgs, message by message, in order.
+func blocksOf(msgs []schema.Message) iter.Seq[schema.Block] {
+	return func(yield func(schema.Block) bool) {
+		for i := range msgs {
+			for _, b := range msgs[i].Content.Blocks {
+				if !yield(b) {
+					return
+				}
+			}
+		}
+	}
 }
