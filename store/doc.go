@@ -16,7 +16,7 @@
 // and messages), history.go (incremental history reads), events.go (a
 // conversation's events), recent.go and cache.go (in-memory answers for
 // recent appends and decoded messages), listing.go (every conversation at
-// once). The outbox: relay.go publishes it in order, reconcile.go finds what
+// once); rows.go reads a query's rows into a slice. The outbox: relay.go publishes it in order, reconcile.go finds what
 // the event stream holds already, held.go waits on another writer's events,
 // outbox.go marks rows published and prunes them. Upkeep: prune.go clears old
 // rejected payloads and published outbox rows; diff.go compares two database

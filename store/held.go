@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -135,22 +136,9 @@ func (r *Relay) releaseHeld(ctx context.Context) (int, time.Time, error) {
 // heldRows reads the held rows, in seq order, without their subject and
 // data.
 func (r *Relay) heldRows(ctx context.Context) ([]heldRow, error) {
-	rows, err := r.s.r.QueryContext(ctx, `SELECT seq, event_id, held_since FROM outbox
+	return queryRows(ctx, r.s.r, "read held outbox rows", func(rows *sql.Rows) (h heldRow, err error) {
+		err = rows.Scan(&h.seq, &h.eventID, &h.since)
+		return h, err
+	}, `SELECT seq, event_id, held_since FROM outbox
 		WHERE published_at IS NULL AND held_since IS NOT NULL ORDER BY seq`)
-	if err != nil {
-		return nil, fmt.Errorf("read held outbox rows: %w", err)
-	}
-	defer rows.Close()
-	var out []heldRow
-	for rows.Next() {
-		var h heldRow
-		if err := rows.Scan(&h.seq, &h.eventID, &h.since); err != nil {
-			return nil, fmt.Errorf("read held outbox rows: %w", err)
-		}
-		out = append(out, h)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read held outbox rows: %w", err)
-	}
-	return out, nil
 }

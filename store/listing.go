@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 
@@ -28,7 +29,17 @@ func (s *Store) ConversationInfos(ctx context.Context) ([]ConversationInfo, erro
 	// The hidden count is the same rule as HiddenCount, grouped: each
 	// message's summary or marker is found through the partial indexes of
 	// migration 0002.
-	rows, err := s.r.QueryContext(ctx, `SELECT c.id, c.state, c.updated_at,
+	return queryRows(ctx, s.r, "conversation infos", func(rows *sql.Rows) (ConversationInfo, error) {
+		var ci ConversationInfo
+		var raw []byte
+		if err := rows.Scan(&ci.Key, &raw, &ci.UpdatedAt, &ci.Stored, &ci.Hidden); err != nil {
+			return ci, err
+		}
+		if err := json.Unmarshal(raw, &ci.State); err != nil {
+			return ci, fmt.Errorf("state of %s: %w", ci.Key, err)
+		}
+		return ci, nil
+	}, `SELECT c.id, c.state, c.updated_at,
 		(SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id),
 		(SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id AND (
 			(m.condense_parent != '' AND EXISTS (SELECT 1 FROM messages s WHERE s.conversation_id = c.id
@@ -36,26 +47,6 @@ func (s *Store) ConversationInfos(ctx context.Context) ([]ConversationInfo, erro
 			OR (m.truncation_parent != '' AND EXISTS (SELECT 1 FROM messages k WHERE k.conversation_id = c.id
 				AND k.is_truncation_marker = 1 AND k.truncation_id = m.truncation_parent))))
 		FROM conversations c ORDER BY c.id`)
-	if err != nil {
-		return nil, fmt.Errorf("conversation infos: %w", err)
-	}
-	defer rows.Close()
-	var out []ConversationInfo
-	for rows.Next() {
-		var ci ConversationInfo
-		var raw []byte
-		if err := rows.Scan(&ci.Key, &raw, &ci.UpdatedAt, &ci.Stored, &ci.Hidden); err != nil {
-			return nil, fmt.Errorf("conversation infos: %w", err)
-		}
-		if err := json.Unmarshal(raw, &ci.State); err != nil {
-			return nil, fmt.Errorf("conversation infos: state of %s: %w", ci.Key, err)
-		}
-		out = append(out, ci)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("conversation infos: %w", err)
-	}
-	return out, nil
 }
 
 // UpdatedAt is when conversation key's state last changed (Unix ms);
@@ -90,23 +81,10 @@ func (s *Store) InputMark(ctx context.Context) (int64, error) {
 // Conversations lists the ids of the conversations that have a stored state,
 // in id order.
 func (s *Store) Conversations(ctx context.Context) ([]string, error) {
-	rows, err := s.r.QueryContext(ctx, "SELECT id FROM conversations ORDER BY id")
-	if err != nil {
-		return nil, fmt.Errorf("conversations: %w", err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("conversations: %w", err)
-		}
-		out = append(out, id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("conversations: %w", err)
-	}
-	return out, nil
+	return queryRows(ctx, s.r, "conversations", func(rows *sql.Rows) (id string, err error) {
+		err = rows.Scan(&id)
+		return id, err
+	}, "SELECT id FROM conversations ORDER BY id")
 }
 
 // ConversationCount is the number of conversations with a stored state.

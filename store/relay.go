@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -201,26 +202,13 @@ type outboxRow struct {
 func (r *Relay) pending(ctx context.Context) ([]outboxRow, error) {
 	// Not the held rows, nor a row behind a held row of its conversation
 	// (held.go).
-	rows, err := r.s.r.QueryContext(ctx, `SELECT seq, event_id, subject, data FROM outbox o
+	return queryRows(ctx, r.s.r, "read outbox", func(rows *sql.Rows) (o outboxRow, err error) {
+		err = rows.Scan(&o.seq, &o.eventID, &o.subject, &o.data)
+		return o, err
+	}, `SELECT seq, event_id, subject, data FROM outbox o
 		WHERE published_at IS NULL AND held_since IS NULL AND NOT EXISTS (SELECT 1 FROM outbox h
 			WHERE h.published_at IS NULL AND h.held_since IS NOT NULL AND h.conv = o.conv AND h.seq < o.seq)
 		ORDER BY seq LIMIT ?`, r.opts.BatchSize)
-	if err != nil {
-		return nil, fmt.Errorf("read outbox: %w", err)
-	}
-	defer rows.Close()
-	var batch []outboxRow
-	for rows.Next() {
-		var o outboxRow
-		if err := rows.Scan(&o.seq, &o.eventID, &o.subject, &o.data); err != nil {
-			return nil, fmt.Errorf("read outbox: %w", err)
-		}
-		batch = append(batch, o)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read outbox: %w", err)
-	}
-	return batch, nil
 }
 
 // round publishes up to one batch and marks the published prefix in one

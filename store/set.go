@@ -164,15 +164,7 @@ func (s *Set) ConversationInfos(ctx context.Context) ([]ConversationInfo, error)
 // InputMark moves whenever an input is stored in any file: the sum of the
 // files' marks, each of which only grows.
 func (s *Set) InputMark(ctx context.Context) (int64, error) {
-	var sum int64
-	for _, f := range s.files {
-		n, err := f.InputMark(ctx)
-		if err != nil {
-			return 0, err
-		}
-		sum += n
-	}
-	return sum, nil
+	return sumFiles(ctx, s, (*Store).InputMark)
 }
 
 // ConversationCount is the number of conversations the files hold
@@ -180,9 +172,14 @@ func (s *Set) InputMark(ctx context.Context) (int64, error) {
 // counts too: the count is for a gauge, and reading every file's list for
 // it would cost a scan per scrape).
 func (s *Set) ConversationCount(ctx context.Context) (int, error) {
-	sum := 0
+	return sumFiles(ctx, s, (*Store).ConversationCount)
+}
+
+// sumFiles adds up what read says of each file.
+func sumFiles[N int | int64](ctx context.Context, s *Set, read func(*Store, context.Context) (N, error)) (N, error) {
+	var sum N
 	for _, f := range s.files {
-		n, err := f.ConversationCount(ctx)
+		n, err := read(f, ctx)
 		if err != nil {
 			return 0, err
 		}
