@@ -3,6 +3,14 @@
 // rewind), asks the queries, and follows or replays the events.
 //
 //	go run ./cmd/publisher help
+//
+// main.go dispatches the subcommands and holds their shared flags and
+// connection; publish.go publishes a transcript, read by formats.go (turns,
+// Anthropic or OpenAI files) and stamped by prepare.go; load.go publishes
+// the synthetic workload gen.go generates, with progress.go's progress
+// line; queries.go sends the control inputs and asks the queries;
+// events.go follows and replays events; plot.go draws a conversation's
+// context size.
 package main
 
 import (
