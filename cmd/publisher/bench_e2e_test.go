@@ -168,13 +168,38 @@ func startService(b *testing.B, bin string) string {
 	addr := l.Addr().String()
 	l.Close()
 	dir := b.TempDir()
-	logf, err := os.Create(filepath.Join(dir, "consumer.log"))
+	logPath := filepath.Join(dir, "consumer.log")
+	startConsumer(b, bin, logPath, "--data-dir", filepath.Join(dir, "data"), "--listen", addr, "--http", "")
+	url := "nats://" + addr
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		var out bytes.Buffer
+		// The service answers queries once it is consuming: here, that
+		// there is no such conversation.
+		run(context.Background(), []string{"status", "--conv", "none", "--nats-url", url,
+			"--nats-user", "acme-agent", "--nats-password", "acme-agent-demo-password"}, &out, &out)
+		if strings.Contains(out.String(), "not_found") {
+			return url
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(logPath)
+			b.Fatalf("the service did not answer within a minute: %s\n%s", out.String(), log)
+		}
+	}
+}
+
+// startConsumer starts the consumer binary bin with args, its output going
+// to the file logPath, and stops it when b ends: an interrupt, then a kill
+// if it has not exited within 30 s.
+func startConsumer(b *testing.B, bin, logPath string, args ...string) *exec.Cmd {
+	b.Helper()
+	logf, err := os.Create(logPath)
 	if err != nil {
 		b.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--data-dir", filepath.Join(dir, "data"), "--listen", addr, "--http", "")
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
+		logf.Close()
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {
@@ -189,19 +214,5 @@ func startService(b *testing.B, bin string) string {
 		}
 		logf.Close()
 	})
-	url := "nats://" + addr
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		var out bytes.Buffer
-		// The service answers queries once it is consuming: here, that
-		// there is no such conversation.
-		run(context.Background(), []string{"status", "--conv", "none", "--nats-url", url,
-			"--nats-user", "acme-agent", "--nats-password", "acme-agent-demo-password"}, &out, &out)
-		if strings.Contains(out.String(), "not_found") {
-			return url
-		}
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(logf.Name())
-			b.Fatalf("the service did not answer within a minute: %s\n%s", out.String(), log)
-		}
-	}
+	return cmd
 }

@@ -62,30 +62,10 @@ func instancesCPU(b *testing.B, bin string, k, standby, turns int) (perTurn, idl
 		names = append(names, name)
 		http := freeLocal(b)
 		https = append(https, http)
-		logf, err := os.Create(filepath.Join(dir, name+".log"))
-		if err != nil {
-			b.Fatal(err)
-		}
-		cmd := exec.Command(bin, "--nats-url", url, "--nats-user", "ctxpipe", "--nats-password", "ctxpipe-demo-password",
+		cmd := startConsumer(b, bin, filepath.Join(dir, name+".log"), "--nats-url", url, "--nats-user", "ctxpipe", "--nats-password", "ctxpipe-demo-password",
 			"--partitions", strconv.Itoa(partitions), "--standby", strconv.Itoa(standby), "--name", name,
 			"--data-dir", filepath.Join(dir, name), "--http", http)
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
 		procs = append(procs, cmd)
-		b.Cleanup(func() {
-			_ = cmd.Process.Signal(os.Interrupt)
-			done := make(chan struct{})
-			go func() { _ = cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(30 * time.Second):
-				_ = cmd.Process.Kill()
-				<-done
-			}
-			logf.Close()
-		})
 	}
 	// Every instance holds its share, restored, before the load.
 	for i, name := range names {

@@ -682,33 +682,45 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 	}
 }
 
-func TestFormatEvent(t *testing.T) {
-	ts := time.Date(2025, 6, 15, 12, 1, 2, 0, time.UTC).UnixMilli()
-	h := func(typ schema.EventType) schema.EventHeader {
-		return schema.EventHeader{ID: "e", Type: typ, ConversationID: "task-42", TS: ts, InputID: "0b6c7a9e-aaaa"}
-	}
-	tests := []struct {
-		ev   schema.Event
-		want string
-	}{
-		{&schema.CondenseContext{EventHeader: h(schema.EventCondenseContext), PrevContextTokens: 182304, NewContextTokens: 41220,
-			MessagesCondensed: 12, Trigger: schema.TriggerAuto, Cost: 0.0123},
-			"12:01:02 task-42 condense_context 182,304→41,220 tokens (12 msgs, auto, $0.0123) input 0b6c7a9e"},
-		{&schema.CondenseFailed{EventHeader: h(schema.EventCondenseFailed), Error: schema.ReasonContextGrew, Trigger: schema.TriggerManual},
-			"12:01:02 task-42 condense_failed context_grew (manual, $0.0000) input 0b6c7a9e"},
-		{&schema.ContextManaging{EventHeader: h(schema.EventContextManaging), Trigger: schema.TriggerAuto, ContextTokens: 12000, ContextWindow: 16000, Threshold: 75},
-			"12:01:02 task-42 context_managing 12,000/16,000 tokens (75.0%, threshold 75%, auto) input 0b6c7a9e"},
-		{&schema.Rewind{EventHeader: h(schema.EventRewind), CutoffTS: ts, MessagesRemoved: 3, MessagesRestored: 9, RemovedCondenseIDs: []string{"a"}},
-			"12:01:02 task-42 rewind to 12:01:02.000 (3 msgs removed, 9 restored, 1 condenses and 0 truncations undone) input 0b6c7a9e"},
-		{&schema.InputRejected{EventHeader: h(schema.EventInputRejected), Reason: schema.ReasonBadTS, Subject: "ctx.in.task-42.turn", Message: "ts must\nbe positive"},
-			"12:01:02 task-42 input_rejected bad_ts on ctx.in.task-42.turn: ts must be positive input 0b6c7a9e"},
-	}
-	for _, tt := range tests {
+// formatTS is when the events of the formatting tests happened.
+var formatTS = time.Date(2025, 6, 15, 12, 1, 2, 0, time.UTC).UnixMilli()
+
+// header is the header of an event of type typ at formatTS.
+func header(typ schema.EventType) schema.EventHeader {
+	return schema.EventHeader{ID: "e", Type: typ, ConversationID: "task-42", TS: formatTS, InputID: "0b6c7a9e-aaaa"}
+}
+
+// formatCase is an event and the line formatEvent writes for it.
+type formatCase struct {
+	ev   schema.Event
+	want string
+}
+
+// checkFormat checks formatEvent's line for each case, in UTC.
+func checkFormat(t *testing.T, cases []formatCase) {
+	t.Helper()
+	for _, tt := range cases {
 		b, _ := schema.Marshal(tt.ev)
 		if got := formatEvent(b, time.UTC); got != tt.want {
 			t.Errorf("formatEvent =\n %q\nwant\n %q", got, tt.want)
 		}
 	}
+}
+
+func TestFormatEvent(t *testing.T) {
+	checkFormat(t, []formatCase{
+		{&schema.CondenseContext{EventHeader: header(schema.EventCondenseContext), PrevContextTokens: 182304, NewContextTokens: 41220,
+			MessagesCondensed: 12, Trigger: schema.TriggerAuto, Cost: 0.0123},
+			"12:01:02 task-42 condense_context 182,304→41,220 tokens (12 msgs, auto, $0.0123) input 0b6c7a9e"},
+		{&schema.CondenseFailed{EventHeader: header(schema.EventCondenseFailed), Error: schema.ReasonContextGrew, Trigger: schema.TriggerManual},
+			"12:01:02 task-42 condense_failed context_grew (manual, $0.0000) input 0b6c7a9e"},
+		{&schema.ContextManaging{EventHeader: header(schema.EventContextManaging), Trigger: schema.TriggerAuto, ContextTokens: 12000, ContextWindow: 16000, Threshold: 75},
+			"12:01:02 task-42 context_managing 12,000/16,000 tokens (75.0%, threshold 75%, auto) input 0b6c7a9e"},
+		{&schema.Rewind{EventHeader: header(schema.EventRewind), CutoffTS: formatTS, MessagesRemoved: 3, MessagesRestored: 9, RemovedCondenseIDs: []string{"a"}},
+			"12:01:02 task-42 rewind to 12:01:02.000 (3 msgs removed, 9 restored, 1 condenses and 0 truncations undone) input 0b6c7a9e"},
+		{&schema.InputRejected{EventHeader: header(schema.EventInputRejected), Reason: schema.ReasonBadTS, Subject: "ctx.in.task-42.turn", Message: "ts must\nbe positive"},
+			"12:01:02 task-42 input_rejected bad_ts on ctx.in.task-42.turn: ts must be positive input 0b6c7a9e"},
+	})
 }
 
 // Against the repository's nats.conf, each user can send what it may, and a

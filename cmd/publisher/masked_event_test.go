@@ -4,7 +4,6 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ctxpipe/ctxpipe/internal/ctxseries"
 	"github.com/ctxpipe/ctxpipe/schema"
@@ -12,29 +11,16 @@ import (
 
 // tool_results_masked in follow and plot.
 func TestFollowShowsMasking(t *testing.T) {
-	ts := time.Date(2025, 6, 15, 12, 1, 2, 0, time.UTC).UnixMilli()
-	h := func(typ schema.EventType) schema.EventHeader {
-		return schema.EventHeader{ID: "e", Type: typ, ConversationID: "task-42", TS: ts, InputID: "0b6c7a9e-aaaa"}
-	}
-	tests := []struct {
-		ev   schema.Event
-		want string
-	}{
-		{&schema.ToolResultsMasked{EventHeader: h(schema.EventToolResultsMasked), MaskID: "m", Count: 12, MessagesMasked: 9,
+	checkFormat(t, []formatCase{
+		{&schema.ToolResultsMasked{EventHeader: header(schema.EventToolResultsMasked), MaskID: "m", Count: 12, MessagesMasked: 9,
 			PrevContextTokens: 22400, NewContextTokens: 9100, Trigger: schema.TriggerAuto},
 			"12:01:02 task-42 tool_results_masked 22,400→9,100 tokens (12 tool results in 9 msgs, auto) input 0b6c7a9e"},
-		{&schema.Rewind{EventHeader: h(schema.EventRewind), CutoffTS: ts, MessagesRestored: 9, RemovedMaskIDs: []string{"m"}},
+		{&schema.Rewind{EventHeader: header(schema.EventRewind), CutoffTS: formatTS, MessagesRestored: 9, RemovedMaskIDs: []string{"m"}},
 			"12:01:02 task-42 rewind to 12:01:02.000 (0 msgs removed, 9 restored, 0 condenses and 0 truncations undone, 1 maskings undone) input 0b6c7a9e"},
-		{&schema.CondenseContext{EventHeader: h(schema.EventCondenseContext), PrevContextTokens: 9000, NewContextTokens: 3000,
+		{&schema.CondenseContext{EventHeader: header(schema.EventCondenseContext), PrevContextTokens: 9000, NewContextTokens: 3000,
 			MessagesCondensed: 4, Trigger: schema.TriggerManual, Instructions: "keep the failing\ntest names"},
 			`12:01:02 task-42 condense_context 9,000→3,000 tokens (4 msgs, manual, $0.0000) instructions "keep the failing test names" input 0b6c7a9e`},
-	}
-	for _, tt := range tests {
-		b, _ := schema.Marshal(tt.ev)
-		if got := formatEvent(b, time.UTC); got != tt.want {
-			t.Errorf("formatEvent =\n %q\nwant\n %q", got, tt.want)
-		}
-	}
+	})
 }
 
 func TestPlotShowsMasking(t *testing.T) {
