@@ -87,6 +87,19 @@ type loopCheck struct {
 	breaks int
 }
 
+// reductions checks, at the end of a loop, that the prefix changed at
+// least "least" times and never without a reduction of conv behind it.
+func (lc *loopCheck) reductions(t *testing.T, h *harness, conv string, least int) {
+	t.Helper()
+	st, err := h.c.Status(context.Background(), conv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lc.breaks < least || lc.breaks > st.Condensations+st.Truncations {
+		t.Fatalf("%d prefix changes for %d condensations and %d truncations", lc.breaks, st.Condensations, st.Truncations)
+	}
+}
+
 func (lc *loopCheck) next(t *testing.T, step int, got []string, clientSent int, synthetic []string) {
 	t.Helper()
 	prefix := len(got) >= len(lc.prev)

@@ -289,15 +289,11 @@ func TestWebSocketRefusedAndModelsPassed(t *testing.T) {
 	req.Header.Set("Upgrade", "websocket")
 	req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
 	req.Header.Set("Sec-WebSocket-Version", "13")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	resp, _ := send(t, req)
 	if resp.StatusCode != http.StatusUpgradeRequired {
 		t.Errorf("a WebSocket upgrade got %d, want 426", resp.StatusCode)
 	}
-	resp, err = http.Get(h.srv.URL + "/v1/models")
+	resp, err := http.Get(h.srv.URL + "/v1/models")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,16 +308,7 @@ func TestWebSocketRefusedAndModelsPassed(t *testing.T) {
 // continues.
 func (h *harness) forks(t *testing.T, conv string) []string {
 	t.Helper()
-	var out []string
-	for ev, err := range h.c.StoredEvents(context.Background(), conv, 0) {
-		if err != nil {
-			t.Fatal(err)
-		}
-		if f, ok := ev.(*schema.ConversationForked); ok {
-			out = append(out, f.ContinuesFrom)
-		}
-	}
-	return out
+	return storedOf(t, h, conv, func(f *schema.ConversationForked) string { return f.ContinuesFrom })
 }
 
 // An agent compacts its history itself (Claude Code's summary prompt): the

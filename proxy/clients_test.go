@@ -22,12 +22,7 @@ func TestUnmanagedRequestsPassThrough(t *testing.T) {
 	for _, method := range []string{http.MethodHead, http.MethodGet} {
 		req, _ := http.NewRequest(method, h.srv.URL+"/api/hello", nil)
 		req.Header.Set("User-Agent", "claude-cli/2.0.0 (external, cli)")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, b := send(t, req)
 		reqs := h.model.requests()
 		if got := reqs[len(reqs)-1]; resp.StatusCode != 200 || got.path != "/api/hello" || got.header.Get("X-Api-Key") != "ak-upstream" {
 			t.Fatalf("%s /api/hello: %d %s, the upstream got %s with the Anthropic key %q", method, resp.StatusCode, b, got.path, got.header.Get("X-Api-Key"))
@@ -45,12 +40,7 @@ func TestUnmanagedRequestsPassThrough(t *testing.T) {
 	req.Header.Set("X-Client-Hop", "1")
 	req.Header.Set("Proxy-Authorization", "Basic c2VjcmV0")
 	req.Header.Set("Keep-Alive", "timeout=5")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	resp, b := send(t, req)
 	if resp.StatusCode != 200 || !strings.Contains(string(b), "test-model") {
 		t.Fatalf("GET /v1/models: %d %s", resp.StatusCode, b)
 	}

@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"context"
+	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"testing"
@@ -88,13 +90,19 @@ func (h *harness) full(t *testing.T, conv string) []schema.Message {
 // rejected returns the input_rejected events of conv.
 func (h *harness) rejected(t *testing.T, conv string) []string {
 	t.Helper()
+	return storedOf(t, h, conv, func(r *schema.InputRejected) string { return string(r.Reason) + ": " + r.Message })
+}
+
+// storedOf reads each of conv's stored events of type E with of, in order.
+func storedOf[E schema.Event](t *testing.T, h *harness, conv string, of func(E) string) []string {
+	t.Helper()
 	var out []string
 	for ev, err := range h.c.StoredEvents(context.Background(), conv, 0) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r, ok := ev.(*schema.InputRejected); ok {
-			out = append(out, string(r.Reason)+": "+r.Message)
+		if e, ok := ev.(E); ok {
+			out = append(out, of(e))
 		}
 	}
 	return out
@@ -134,4 +142,20 @@ func (h *harness) agentTurns(t *testing.T, conv string, n int) int {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// send does req with the default client and returns the response with its
+// body read and closed.
+func send(t *testing.T, req *http.Request) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
 }

@@ -76,13 +76,7 @@ func TestChatAgentLoop(t *testing.T) {
 		}
 		lc.next(t, i, r.list(t), sent[i], synth)
 	}
-	st, err := h.c.Status(ctx, "chat-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if lc.breaks < 2 || lc.breaks > st.Condensations+st.Truncations {
-		t.Fatalf("%d prefix changes for %d condensations and %d truncations", lc.breaks, st.Condensations, st.Truncations)
-	}
+	lc.reductions(t, h, "chat-1", 2)
 	// The first user message, 40 replies, the two tool messages after each
 	// of the 20 that call tools, and a user message after each of the 19
 	// text replies before the last.
@@ -145,13 +139,7 @@ func TestResponsesAgentLoop(t *testing.T) {
 	for i, r := range h.model.requests() {
 		lc.next(t, i, r.list(t), sent[i], synth)
 	}
-	st, err := h.c.Status(ctx, "resp-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if lc.breaks < 1 || lc.breaks > st.Condensations+st.Truncations {
-		t.Fatalf("%d prefix changes for %d condensations and %d truncations", lc.breaks, st.Condensations, st.Truncations)
-	}
+	lc.reductions(t, h, "resp-1", 1)
 	if rej := h.rejected(t, "resp-1"); len(rej) > 0 {
 		t.Errorf("rejected: %v", rej)
 	}
