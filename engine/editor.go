@@ -55,19 +55,39 @@ func (e *editor) deleteWhere(drop func(*schema.Message) bool) {
 func (e *editor) changes() schema.Changes { return e.ch }
 
 // Apply replays changes on a history and returns the new history. It is what
-// the store does in SQL: deletes, then inserts (each before the named
-// message, or at the end), then tag changes.
-func Apply(msgs []schema.Message, ch *schema.Changes) []schema.Message {
-	// Always copy: callers keep their slice, as with every function here.
-	out := make([]schema.Message, 0, len(msgs)+len(ch.Insert))
-	gone := make(map[string]bool, len(ch.Delete))
-	for _, id := range ch.Delete {
-		gone[id] = true
+// the store does in SQL for each Changes in turn: deletes, then inserts (each
+// before the named message, or at the end), then tag changes. The history is
+// copied once, however many Changes are replayed: a lane batch replays every
+// turn it holds before a condense reads the history.
+func Apply(msgs []schema.Message, chs ...*schema.Changes) []schema.Message {
+	inserts := 0
+	for _, ch := range chs {
+		inserts += len(ch.Insert)
 	}
-	for _, m := range msgs {
-		if !gone[m.ID] {
-			out = append(out, m)
+	// Always copy: callers keep their slice, as with every function here.
+	out := make([]schema.Message, len(msgs), len(msgs)+inserts)
+	copy(out, msgs)
+	for _, ch := range chs {
+		out = applyInPlace(out, ch)
+	}
+	return out
+}
+
+// applyInPlace is Apply of one Changes over a history the caller owns.
+func applyInPlace(out []schema.Message, ch *schema.Changes) []schema.Message {
+	if len(ch.Delete) > 0 {
+		gone := make(map[string]bool, len(ch.Delete))
+		for _, id := range ch.Delete {
+			gone[id] = true
 		}
+		kept := out[:0]
+		for _, m := range out {
+			if !gone[m.ID] {
+				kept = append(kept, m)
+			}
+		}
+		clear(out[len(kept):]) // no stale copies beyond the length
+		out = kept
 	}
 	for _, ins := range ch.Insert {
 		i := len(out)
