@@ -116,12 +116,18 @@ func ImageTokens(src *schema.ImageSource) int {
 // their order, and a string says its characters rather than the escapes
 // an agent may have sent them as (\u00e9 for é, \u003c for <).
 func SerializeToolUse(b *schema.Block) string {
+	var args []byte
+	if len(b.Input) > 0 {
+		args = stringifyJSON(b.Input)
+	}
+	// Sized up front: one allocation, however long the arguments.
 	var sb strings.Builder
+	sb.Grow(len("Tool: ") + len(b.Name) + len("\nArguments: ") + len(args))
 	sb.WriteString("Tool: ")
 	sb.WriteString(b.Name)
 	if len(b.Input) > 0 {
 		sb.WriteString("\nArguments: ")
-		sb.Write(stringifyJSON(b.Input))
+		sb.Write(args)
 	}
 	return sb.String()
 }
@@ -294,7 +300,9 @@ func isCompact(raw []byte) bool {
 // "Tool Result (<id>)", then "[Error]" when is_error, then the text, or one
 // line per item of block content.
 func SerializeToolResult(b *schema.Block) string {
+	// Sized up front: one allocation, however long the result.
 	var sb strings.Builder
+	sb.Grow(toolResultLen(b))
 	sb.WriteString("Tool Result (")
 	sb.WriteString(b.ToolUseID)
 	sb.WriteString(")")
@@ -317,10 +325,38 @@ func SerializeToolResult(b *schema.Block) string {
 		case schema.BlockImage:
 			sb.WriteString("[Image content]")
 		default:
-			sb.WriteString("[Unsupported content block: " + string(item.Type) + "]")
+			sb.WriteString("[Unsupported content block: ")
+			sb.WriteString(string(item.Type))
+			sb.WriteString("]")
 		}
 	}
 	return sb.String()
+}
+
+// toolResultLen is the length of SerializeToolResult(b).
+func toolResultLen(b *schema.Block) int {
+	n := len("Tool Result (") + len(b.ToolUseID) + len(")")
+	if b.IsError {
+		n += len("\n[Error]")
+	}
+	if b.Content == nil {
+		return n
+	}
+	if !b.Content.IsBlocks {
+		return n + 1 + len(b.Content.Text)
+	}
+	for _, item := range b.Content.Blocks {
+		n++
+		switch item.Type {
+		case schema.BlockText:
+			n += len(item.Text)
+		case schema.BlockImage:
+			n += len("[Image content]")
+		default:
+			n += len("[Unsupported content block: ") + len(item.Type) + len("]")
+		}
+	}
+	return n
 }
 
 // Chars is Gemini CLI's character heuristic: 0.25 tokens per ASCII

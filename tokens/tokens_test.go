@@ -82,6 +82,35 @@ func TestSerializations(t *testing.T) {
 	}
 }
 
+// A tool call or result is serialized in one allocation of its exact size,
+// whatever its content: the counting of every turn builds them.
+func TestSerializationsAllocateOnce(t *testing.T) {
+	text := schema.TextContent(strings.Repeat("line of output\n", 200))
+	parts := schema.BlockContent(
+		schema.Block{Type: schema.BlockText, Text: strings.Repeat("x", 300)},
+		schema.Block{Type: schema.BlockImage},
+		schema.Block{Type: "audio"},
+		schema.Block{Type: schema.BlockText, Text: "done"})
+	results := []schema.Block{
+		{Type: schema.BlockToolResult, ToolUseID: "call_1", Content: &text},
+		{Type: schema.BlockToolResult, ToolUseID: "call_2", IsError: true, Content: &parts},
+		{Type: schema.BlockToolResult, ToolUseID: "call_3", IsError: true},
+	}
+	for i := range results {
+		b := &results[i]
+		if got, want := toolResultLen(b), len(SerializeToolResult(b)); got != want {
+			t.Errorf("%s: toolResultLen %d, serialized %d bytes", b.ToolUseID, got, want)
+		}
+		if n := testing.AllocsPerRun(20, func() { SerializeToolResult(b) }); n != 1 {
+			t.Errorf("%s: %v allocations, want 1", b.ToolUseID, n)
+		}
+	}
+	use := schema.Block{Type: schema.BlockToolUse, Name: "bash", Input: json.RawMessage(`{"command":"` + strings.Repeat("ls -la; ", 100) + `"}`)}
+	if n := testing.AllocsPerRun(20, func() { SerializeToolUse(&use) }); n != 1 {
+		t.Errorf("tool use: %v allocations, want 1", n)
+	}
+}
+
 func TestChars(t *testing.T) {
 	cases := map[string]int{
 		"":          0,
