@@ -47,7 +47,16 @@ func (r *Runner) catchUp(ctx context.Context) {
 	r.reassign()
 }
 
-// restored logs a completed restore and lets the partition be pulled.
+// handled tells the partitions' holding that the committer handled p's
+// changelog up to seq (changes applied with it), and logs the restore this
+// completes, if any.
+func (r *Runner) handled(p int, seq uint64, changes int) {
+	if rs, done := r.holds.progress(p, seq, changes); done {
+		r.restored(rs)
+	}
+}
+
+// restored logs a completed restore; the partition may be pulled now.
 func (r *Runner) restored(rs restore) {
 	per10k := time.Duration(0)
 	if rs.changes > 0 {
@@ -121,8 +130,8 @@ func (r *Runner) assign(live []string) {
 	a := Assign(len(r.parts), live, r.cfg.Name, r.caughtUp.Load(), r.cfg.Standby)
 	if c := r.holds.update(a.Held, a.Pull); len(c.gained) > 0 || len(c.dropped) > 0 {
 		r.Log.Info("partitions held", "gained", c.gained, "dropped", c.dropped, "standby", r.cfg.Standby, "instances", len(live))
-		for _, c := range r.shards {
-			c.follower.follow()
+		for _, f := range r.followers {
+			f.follow()
 		}
 	}
 	defer r.syncOwned()

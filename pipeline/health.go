@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -69,4 +70,45 @@ func (h *health) ready(now time.Time, maxAge time.Duration) (bool, string) {
 		return false, msg
 	}
 	return true, "consuming"
+}
+
+// storeHealth is what the committers know of the store as a whole, for
+// /readyz: whether the changelog lost records this store applied, and
+// whether commits fail as a whole.
+type storeHealth struct {
+	// lostAt is when an append last found records this store applied gone
+	// from CTX_STATE (UnixNano; 0: never): nothing can be committed until an
+	// operator restores the stream.
+	lostAt atomic.Int64
+	// failedAt is when a commit last failed as a whole (UnixNano; 0: since
+	// the last success), and why: SQLite cannot write (a full disk, a
+	// broken file), nothing commits.
+	failedAt atomic.Int64
+	why      atomic.Value // string
+}
+
+// lose records that the changelog lost records this store applied; it
+// reports whether that is news (never recorded before).
+func (s *storeHealth) lose() bool { return s.lostAt.Swap(time.Now().UnixNano()) == 0 }
+
+// failing records that a commit failed as a whole; works that one
+// succeeded.
+func (s *storeHealth) failing(err error) {
+	s.why.Store(err.Error())
+	s.failedAt.Store(time.Now().UnixNano())
+}
+
+func (s *storeHealth) works() { s.failedAt.Store(0) }
+
+// ready is false, with the reason, while the changelog lost records or a
+// commit failed within maxAge of now.
+func (s *storeHealth) ready(now time.Time, maxAge time.Duration) (bool, string) {
+	if t := s.lostAt.Load(); t != 0 && now.Sub(time.Unix(0, t)) < maxAge {
+		return false, "the changelog lost records this store applied (CTX_STATE purged or recreated?): nothing can be committed until it is restored (operations.md 4.2)"
+	}
+	if t := s.failedAt.Load(); t != 0 && now.Sub(time.Unix(0, t)) < maxAge {
+		why, _ := s.why.Load().(string)
+		return false, "the store cannot commit: " + why
+	}
+	return true, ""
 }

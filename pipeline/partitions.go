@@ -47,27 +47,32 @@ func (r *Runner) setup(ctx context.Context) error {
 	r.Stores.SetPartitions(n)
 	r.parts = newPartStates(n+1, false)
 	r.holds = newHolding(n + 1)
-	r.shards = make([]*shard, r.Stores.Len())
+	r.committers = make([]*committer, r.Stores.Len())
+	r.followers = make([]*follower, r.Stores.Len())
 	for i, st := range r.Stores.Files() {
 		pos, cursor, err := st.LogPositions(ctx)
 		if err != nil {
 			return err
 		}
-		c := &shard{r: r, i: i, st: st}
-		if r.Relays != nil {
-			c.relay = r.Relays[i]
-		}
+		mine := func(p int) bool { return r.Stores.FileOf(p) == i }
 		// A file's positions of partitions now in another file (the
 		// number of files changed) are not its to follow.
 		for p := range pos {
-			if !c.mine(p) {
+			if !mine(p) {
 				delete(pos, p)
 			}
 		}
-		c.log = newLogState(n, pos, cursor)
-		c.log.held = func(p int) bool { return c.mine(p) && r.holds.isHeld(p) }
-		c.follower = newFollower(c)
-		r.shards[i] = c
+		log := newLogState(n, pos, cursor)
+		log.held = func(p int) bool { return mine(p) && r.holds.isHeld(p) }
+		f := newFollower(r.JS, r.holds, r.Log, log, mine)
+		c := &committer{i: i, st: st, log: log, follower: f, clog: r.clog,
+			maxBatch: r.cfg.MaxBatch, maxBytes: r.cfg.MaxCommitBytes,
+			health: &r.stored, metrics: r.Metrics, logger: r.Log,
+			committed: r.committed, handled: r.handled}
+		if r.Relays != nil {
+			c.relay = r.Relays[i]
+		}
+		r.committers[i], r.followers[i] = c, f
 	}
 	if err := r.ensureConsumers(ctx); err != nil {
 		return err
@@ -81,7 +86,7 @@ func (r *Runner) setup(ctx context.Context) error {
 		}
 	}
 	r.assign(live)
-	// Published last: other goroutines read r.shards once they see N.
+	// Published last: other goroutines read r.committers once they see N.
 	r.nParts.Store(int64(n))
 	return nil
 }
@@ -375,7 +380,7 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 	}
 	r.Metrics.Inc("ctxpipe_partition_terms_total", "")
 	r.Log.Info("partition taken", "partition", p, "ack_floor", floor, "replayed_unacked", gap,
-		"changelog", r.shardOf(p).log.appliedOf(p), "took", time.Since(t0).Round(time.Millisecond))
+		"changelog", r.logOf(p).appliedOf(p), "took", time.Since(t0).Round(time.Millisecond))
 	return nil
 }
 
@@ -405,24 +410,24 @@ func (r *Runner) takeOver(ctx context.Context, p int, floor, delivered uint64) (
 	// keep up does not hold the partition back for long. Not longer than
 	// half the pinned TTL: no pull goes out meanwhile, and a longer wait
 	// lost the pin, started a new term, and waited again, in a loop.
-	sh := r.shardOf(p)
+	log, follower := r.logOf(p), r.followers[r.Stores.FileOf(p)]
 	wctx, wcancel := context.WithTimeout(ctx, min(5*time.Second, r.cfg.PinnedTTL/2))
 	last, err := changelog.LastOf(wctx, st, p)
-	cursor := sh.log.safeCursor()
+	cursor := log.safeCursor()
 	if err == nil {
-		err = sh.log.waitSeen(wctx, p, last)
+		err = log.waitSeen(wctx, p, last)
 	}
 	if err != nil && ctx.Err() == nil {
 		r.Log.Warn("taking the partition before catching up with the changelog", "partition", p,
-			"changelog_last", last, "applied", sh.log.appliedOf(p), "err", err)
-		if last > sh.log.appliedOf(p) && sh.log.safeCursor() == cursor {
+			"changelog_last", last, "applied", log.appliedOf(p), "err", err)
+		if last > log.appliedOf(p) && log.safeCursor() == cursor {
 			// The follower moved not at all while the changelog held a
 			// record it lacks: stalled (after a node loss, its ordered
 			// consumer may be re-creating itself). Started again now, not
 			// when its watchdog notices: every commit of the partition is
 			// fenced until it has applied that record.
 			r.Log.Warn("the changelog follower made no progress; following again", "partition", p, "cursor", cursor)
-			sh.follower.retry()
+			follower.retry()
 		}
 	}
 	wcancel()
@@ -613,7 +618,7 @@ func (r *Runner) Behind(ctx context.Context) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		if err := r.shardOf(p).log.waitSeen(doneCtx, p, last); err != nil {
+		if err := r.logOf(p).waitSeen(doneCtx, p, last); err != nil {
 			n++
 		}
 	}

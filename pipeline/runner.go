@@ -46,22 +46,16 @@ type Runner struct {
 	Deps
 	waiters *waiters
 	health  health
-	// logLost is when an append last found records this store applied gone
-	// from CTX_STATE (UnixNano; 0: never): nothing can be committed until an
-	// operator restores the stream, and /readyz says so.
-	logLost atomic.Int64
-	// storeFailed is when a commit round last failed as a whole (UnixNano;
-	// 0: since the last success), and storeErr why: SQLite cannot write (a
-	// full disk, a broken file), nothing commits, and /readyz says so.
-	storeFailed atomic.Int64
-	storeErr    atomic.Value // string
+	// stored is the store's health as the committers see it.
+	stored storeHealth
 	// maxReply is the connection's max payload: a query reply must fit.
 	maxReply int
 
 	sched *scheduler
-	// shards are the files of Stores with their committers and followers
-	// (shard.go), in the set's order; made by setup.
-	shards []*shard
+	// committers are the committers of Stores' files, in the set's order,
+	// and followers their followers; made by setup.
+	committers []*committer
+	followers  []*follower
 
 	// partitions is N, as CTX_IN's transform has it; partition N is the
 	// shared one (inputs without a tenant).
@@ -231,12 +225,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.sched = newScheduler()
 	followCtx, stopFollowing := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopFollowing()
-	for _, c := range r.shards {
+	for i, c := range r.committers {
 		c.commits = make(chan *commitReq, r.cfg.Lanes)
-		go c.follower.run(followCtx)
+		go r.followers[i].run(followCtx)
 	}
 	go r.catchUp(followCtx)
-	var workers, committer sync.WaitGroup
+	var workers, committers sync.WaitGroup
 	for range r.cfg.Lanes {
 		workers.Add(1)
 		go func() {
@@ -244,11 +238,11 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.worker(work)
 		}()
 	}
-	for _, c := range r.shards {
-		committer.Add(1)
+	for i, c := range r.committers {
+		committers.Add(1)
 		go func() {
-			defer committer.Done()
-			c.committer(c.follower.out)
+			defer committers.Done()
+			c.run(r.followers[i].out)
 		}()
 	}
 	hbDone := make(chan struct{})
@@ -270,11 +264,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		<-stopped
 	}
 	t.Stop()
-	for _, c := range r.shards {
+	for _, c := range r.committers {
 		close(c.commits)
 	}
 	stopFollowing()
-	committer.Wait()
+	committers.Wait()
 	close(hbDone)
 	r.health.stopped()
 	if err != nil {
@@ -289,24 +283,11 @@ func (r *Runner) Run(ctx context.Context) error {
 // heard from it recently. It is what /readyz reports.
 func (r *Runner) Ready() (bool, string) {
 	now := time.Now()
-	if t := r.logLost.Load(); t != 0 && now.Sub(time.Unix(0, t)) < 3*r.cfg.ProbeInterval {
-		return false, "the changelog lost records this store applied (CTX_STATE purged or recreated?): nothing can be committed until it is restored (operations.md 4.2)"
-	}
-	if t := r.storeFailed.Load(); t != 0 && now.Sub(time.Unix(0, t)) < 3*r.cfg.ProbeInterval {
-		why, _ := r.storeErr.Load().(string)
-		return false, "the store cannot commit: " + why
+	if ok, why := r.stored.ready(now, 3*r.cfg.ProbeInterval); !ok {
+		return false, why
 	}
 	return r.health.ready(now, 3*r.cfg.ProbeInterval)
 }
-
-// storeFailing records that a commit failed as a whole; storeWorks that
-// one succeeded.
-func (r *Runner) storeFailing(err error) {
-	r.storeErr.Store(err.Error())
-	r.storeFailed.Store(time.Now().UnixNano())
-}
-
-func (r *Runner) storeWorks() { r.storeFailed.Store(0) }
 
 // hold registers a fetched input. The scheduler never blocks the
 // dispatcher, so this is where memory is bounded: past MaxHeldBytes the
@@ -397,7 +378,7 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 	behind := 0
 	for {
 		p := batch[0].partition
-		seen := r.shardOf(p).log.foreignMark(p)
+		seen := r.logOf(p).foreignMark(p)
 		t0 := time.Now()
 		entries, err := r.prepare(ctx, batch)
 		t1 := time.Now()
@@ -425,7 +406,7 @@ func (r *Runner) handle(ctx context.Context, batch []*job) {
 			}
 			behind++
 			wctx, cancel := context.WithTimeout(ctx, behindWait)
-			_ = r.shardOf(p).log.waitForeign(wctx, p, seen)
+			_ = r.logOf(p).waitForeign(wctx, p, seen)
 			cancel()
 			if ctx.Err() != nil {
 				r.giveBack(batch)
@@ -472,7 +453,7 @@ const behindWait = time.Second
 func (r *Runner) poison(j *job, cause error) bool {
 	e := r.rejection(j, "", schema.Errorf(schema.ReasonPoison, "gave up after the retry budget: %v", cause))
 	// A rejection reads nothing of the conversation: any view will do.
-	if err := r.commit(j.partition, r.shardOf(j.partition).log.foreignMark(j.partition), []store.Entry{e}); err != nil {
+	if err := r.commit(j.partition, r.logOf(j.partition).foreignMark(j.partition), []store.Entry{e}); err != nil {
 		r.Log.Error("cannot record a poison input; keeping it and retrying", "seq", j.seq, "err", err)
 		return false
 	}
@@ -801,4 +782,91 @@ func (v *convView) ContextEvents(ctx context.Context) ([]schema.ContextEventRef,
 		refs = append(refs, engine.ContextEventRefs(ch.Events)...)
 	}
 	return refs, nil
+}
+
+// commit hands entries, prepared on a view of the store read after the
+// partition's foreign mark was seen, to the committer and waits until they
+// are in the changelog and SQLite. Workers ack only after this returns nil.
+func (r *Runner) commit(partition int, seen uint64, entries []store.Entry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	req := &commitReq{partition: partition, seen: seen, entries: entries, done: make(chan error, 1)}
+	r.committers[r.Stores.FileOf(partition)].commits <- req
+	return <-req.done
+}
+
+// Cursor is how far this instance has read the changelog (0 before Run):
+// the least of its files' cursors.
+func (r *Runner) Cursor() uint64 {
+	if r.nParts.Load() == 0 {
+		return 0
+	}
+	var cur uint64
+	for i, c := range r.committers {
+		if at := c.log.safeCursor(); i == 0 || at < cur {
+			cur = at
+		}
+	}
+	return cur
+}
+
+// committed counts what a commit stored and wakes the queries waiting on it.
+// Inputs count as this instance's (ctxpipe_inputs_total) when it applied
+// them; the changes of other writers' records count apart.
+func (r *Runner) committed(entries []store.Entry, results []store.Result, own bool) {
+	ids, outs := make([]string, len(entries)), make([]outcome, len(entries))
+	for i, e := range entries {
+		ids[i] = e.Input.ID
+		outs[i] = outcome{conv: e.Input.ConversationID, status: e.Input.Status, reason: e.Input.Reason, known: !results[i].Duplicate}
+		if sent := rejectedAs(e); sent != "" && !results[i].Duplicate {
+			// A reused id is rejected under an id of its own; the agent
+			// waits on the one it sent (in its own conversation only).
+			ids = append(ids, sent)
+			outs = append(outs, outs[i])
+		}
+		if !own {
+			if !results[i].Duplicate {
+				r.Metrics.Inc("ctxpipe_changelog_changes_total", "")
+			}
+			continue
+		}
+		switch {
+		case results[i].Duplicate:
+			r.Metrics.Inc("ctxpipe_inputs_total", `outcome="duplicate"`)
+			continue
+		case e.Input.Status == store.StatusRejected:
+			r.Metrics.Inc("ctxpipe_inputs_total", `outcome="rejected"`)
+		default:
+			r.Metrics.Inc("ctxpipe_inputs_total", `outcome="applied"`)
+		}
+		if e.Changes != nil {
+			for _, ev := range e.Changes.Events {
+				r.Metrics.Inc("ctxpipe_events_total", fmt.Sprintf(`type=%q`, ev.Header().Type))
+			}
+		}
+	}
+	r.waiters.done(ids, outs)
+}
+
+// rejectedAs is the id an input was sent under when it is stored under
+// another (a duplicate_id rejection), or "".
+func rejectedAs(e store.Entry) string {
+	if e.Input.Status != store.StatusRejected || e.Changes == nil || len(e.Changes.Events) == 0 {
+		return ""
+	}
+	if ev, ok := e.Changes.Events[0].(*schema.InputRejected); ok && ev.InputID != e.Input.ID {
+		return ev.InputID
+	}
+	return ""
+}
+
+// logOf is the changelog state of partition p's file.
+func (r *Runner) logOf(p int) *logState {
+	return r.committers[r.Stores.FileOf(p)].log
+}
+
+// storeOf is partition p's file.
+func (r *Runner) storeOf(p int) *store.Store {
+	return r.Stores.ForPartition(p)
 }
