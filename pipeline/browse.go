@@ -93,25 +93,11 @@ type markReply struct {
 	Mark string `json:"mark"`
 }
 
-// answered lists the partitions this instance answers queries for.
-func (r *Runner) answered() []int {
-	if r.nParts.Load() == 0 {
-		return nil
-	}
-	var out []int
-	for p := range r.parts {
-		if r.parts[p].want.Load() {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
 // localList is this instance's answer to a list request: the
 // conversations of the partitions it answers for, at most maxBytes of
 // them (the most recently changed first), in key order.
 func (r *Runner) localList(ctx context.Context, maxBytes int) ([]byte, error) {
-	rep := listReply{Instance: r.cfg.Name, Partitions: r.answered(), Conversations: []ConversationSummary{}}
+	rep := listReply{Instance: r.cfg.Name, Partitions: r.own.answered(), Conversations: []ConversationSummary{}}
 	if len(rep.Partitions) > 0 {
 		infos, err := r.Stores.ConversationInfos(ctx)
 		if err != nil {
@@ -408,7 +394,7 @@ func (r *Runner) ask(ctx context.Context, nc *nats.Conn, key string, verb schema
 	}
 	tenant, conv := schema.SplitKey(key)
 	p := bus.PartitionOf(tenant, conv, r.Partitions())
-	if r.answersHere(p) {
+	if r.own.answersHere(p) {
 		return local(ctx)
 	}
 	body, err := json.Marshal(schema.StatusRequest{ConversationID: conv})

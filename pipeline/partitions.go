@@ -45,8 +45,7 @@ func (r *Runner) setup(ctx context.Context) error {
 	}
 	r.partitions = n
 	r.Stores.SetPartitions(n)
-	r.parts = newPartStates(n+1, false)
-	r.holds = newHolding(n + 1)
+	r.own.init(n)
 	r.committers = make([]*committer, r.Stores.Len())
 	r.followers = make([]*follower, r.Stores.Len())
 	for i, st := range r.Stores.Files() {
@@ -63,12 +62,12 @@ func (r *Runner) setup(ctx context.Context) error {
 			}
 		}
 		log := newLogState(n, pos, cursor)
-		log.held = func(p int) bool { return mine(p) && r.holds.isHeld(p) }
-		f := newFollower(r.JS, r.holds, r.Log, log, mine)
+		log.held = func(p int) bool { return mine(p) && r.own.holds.isHeld(p) }
+		f := newFollower(r.JS, r.own.holds, r.Log, log, mine)
 		c := &committer{i: i, st: st, log: log, follower: f, clog: r.clog,
 			maxBatch: r.cfg.MaxBatch, maxBytes: r.cfg.MaxCommitBytes,
 			health: &r.stored, metrics: r.Metrics, logger: r.Log,
-			committed: r.committed, handled: r.handled}
+			committed: r.committed, handled: r.own.handled}
 		if r.Relays != nil {
 			c.relay = r.Relays[i]
 		}
@@ -85,7 +84,7 @@ func (r *Runner) setup(ctx context.Context) error {
 			live = l
 		}
 	}
-	r.assign(live)
+	r.own.assign(live)
 	// Published last: other goroutines read r.committers once they see N.
 	r.nParts.Store(int64(n))
 	return nil
@@ -108,7 +107,7 @@ func (r *Runner) ensureConsumers(ctx context.Context) error {
 			errs <- bus.RetryStart(ctx, r.Log, fmt.Sprintf("create the consumer of partition %d", p), func(ctx context.Context) error {
 				cons, err := r.JS.CreateOrUpdateConsumer(ctx, bus.StreamIn, r.ConsumerConfig(p))
 				if err == nil {
-					r.parts[p].set(func(s *partState) { s.cons = cons })
+					r.own.parts[p].set(func(s *partState) { s.cons = cons })
 				}
 				return err
 			})
@@ -126,27 +125,6 @@ func (r *Runner) ensureConsumers(ctx context.Context) error {
 
 // Partitions is N (0 until Run has read it from CTX_IN).
 func (r *Runner) Partitions() int { return int(r.nParts.Load()) }
-
-// ownedWithin is how recent a partition's last input must be for Owned to
-// count it: a pin that moved away leaves no trace on this side.
-const ownedWithin = 30 * time.Second
-
-// Owned is how many partitions this instance received inputs for, under
-// its pin, in the last ownedWithin.
-func (r *Runner) Owned() int {
-	if r.nParts.Load() == 0 {
-		return 0
-	}
-	n, now := 0, time.Now()
-	for p := range r.parts {
-		r.parts[p].set(func(s *partState) {
-			if s.owning && now.Sub(s.lastInput) < ownedWithin {
-				n++
-			}
-		})
-	}
-	return n
-}
 
 // ConsumerConfig is partition p's durable consumer. Every instance creates
 // it alike; its replicas follow the stream's, so its position and pin
@@ -196,8 +174,9 @@ func (r *Runner) consume(ctx context.Context) error {
 	probeCtx, stopProbe := context.WithCancel(ctx)
 	defer stopProbe()
 	go r.probe(probeCtx)
-	go r.rebalance(probeCtx)
-	go r.adopt(probeCtx)
+	go r.own.rebalance(probeCtx)
+	go (&adopter{js: r.JS, consumer: r.cfg.Consumer, partitions: r.partitions, pinnedTTL: r.cfg.PinnedTTL, ackWait: r.cfg.AckWait,
+		own: r.own, takeOver: r.takeOver, logger: r.Log, metrics: r.Metrics}).run(probeCtx)
 	r.health.up()
 	r.Log.Info("consuming", "stream", bus.StreamIn, "partitions", r.partitions, "workers", r.cfg.Lanes)
 	wg.Wait()
@@ -219,7 +198,7 @@ func (r *Runner) partitionLoop(ctx context.Context, p int) error {
 	var failedAt time.Time
 	failures := 0
 	for ctx.Err() == nil {
-		if !r.parts[p].waitWanted(ctx) {
+		if !r.own.parts[p].waitWanted(ctx) {
 			break
 		}
 		err := r.consumePartition(ctx, p, func() {
@@ -234,12 +213,12 @@ func (r *Runner) partitionLoop(ctx context.Context, p int) error {
 			break
 		}
 		yielded := false
-		r.parts[p].set(func(s *partState) { yielded = s.yielding })
+		r.own.parts[p].set(func(s *partState) { yielded = s.yielding })
 		if yielded {
 			r.handOver(ctx, p)
 			continue
 		}
-		if !r.parts[p].want.Load() {
+		if !r.own.parts[p].want.Load() {
 			continue // stopped as a standby that should not pull
 		}
 		if errors.Is(err, nats.ErrConnectionClosed) {
@@ -271,7 +250,7 @@ func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
 	// The handle ensureConsumers made serves the first pull; after any
 	// failure the consumer is created again (it may be gone).
 	var cons jetstream.Consumer
-	r.parts[p].set(func(s *partState) { cons, s.cons = s.cons, nil })
+	r.own.parts[p].set(func(s *partState) { cons, s.cons = s.cons, nil })
 	if cons == nil {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		var err error
@@ -296,14 +275,14 @@ func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
 	defer it.Stop()
 	stopDrain := context.AfterFunc(ctx, it.Drain)
 	defer stopDrain()
-	r.parts[p].set(func(s *partState) { s.stop, s.pullSince = it.Stop, time.Now() })
+	r.own.parts[p].set(func(s *partState) { s.stop, s.pullSince = it.Stop, time.Now() })
 	up()
 	// term is the pin this iterator's messages came under; "" before the
 	// first. A message under another pin starts a new term: this instance
 	// (re)gained the partition and must first catch up.
 	term, owning := "", false
 	var lastDelivery uint64 // the consumer sequence of the last delivery this term
-	defer r.parts[p].set(func(s *partState) { s.owning, s.stop = false, nil })
+	defer r.own.parts[p].set(func(s *partState) { s.owning, s.stop = false, nil })
 	for {
 		msg, err := it.Next()
 		if err != nil {
@@ -337,7 +316,7 @@ func (r *Runner) consumePartition(ctx context.Context, p int, up func()) error {
 			}
 		}
 		lastDelivery = delivery
-		r.parts[p].set(func(s *partState) { s.owning, s.lastInput = true, now })
+		r.own.parts[p].set(func(s *partState) { s.owning, s.lastInput = true, now })
 		r.dispatch(p, msg)
 	}
 }
@@ -610,8 +589,8 @@ func (r *Runner) Behind(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	n := 0
-	for p := range r.parts {
-		if !r.holds.isHeld(p) {
+	for p := range r.own.parts {
+		if !r.own.holds.isHeld(p) {
 			continue
 		}
 		last, err := changelog.LastOf(ctx, s, p)
@@ -631,3 +610,19 @@ var doneCtx = func() context.Context {
 	cancel()
 	return ctx
 }()
+
+// handOver finishes handing partition p over: unpin it so that the server
+// gives it to the instance now pulling it at once, not after PinnedTTL.
+func (r *Runner) handOver(ctx context.Context, p int) {
+	uctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	s, err := r.JS.Stream(uctx, bus.StreamIn)
+	if err == nil {
+		err = s.UnpinConsumer(uctx, bus.ConsumerFor(r.cfg.Consumer, p), PriorityGroup)
+	}
+	cancel()
+	if err != nil {
+		r.Log.Debug("unpin failed; the pin lapses by itself", "partition", p, "err", err)
+	}
+	r.Metrics.Inc("ctxpipe_partitions_handed_over_total", "")
+	r.own.parts[p].set(func(s *partState) { s.yielding = false })
+}

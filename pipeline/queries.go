@@ -83,7 +83,7 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 		go func() {
 			defer func() { <-inflight; shares.give(tenant) }()
 			var reply []byte
-			if rt, ok := routeOf(tenant, m.Data, r.Partitions()); ok && !own && !r.answersHere(rt.partition) {
+			if rt, ok := routeOf(tenant, m.Data, r.Partitions()); ok && !own && !r.own.answersHere(rt.partition) {
 				// Another instance holds the conversation: its answer.
 				reply = r.forward(ctx, nc, ownSubject(rt.partition, tenant, verb), m.Data, rt.wait)
 			} else {

@@ -81,17 +81,6 @@ func routeOf(tenant string, data []byte, partitions int) (queryRoute, bool) {
 	return rt, true
 }
 
-// answersHere tells whether this instance answers queries of partition p
-// itself: it owns the partition (pulls it, restored), so that what it
-// answers is what the partition's inputs made, not a standby's copy a few
-// records behind (an agent reading right after its wait_for would see its
-// turn go missing). Before it has read N, and for a partition it does not
-// know, the local answer is as good as any.
-func (r *Runner) answersHere(p int) bool {
-	n := int(r.nParts.Load())
-	return n == 0 || p < 0 || p > n || r.parts[p].want.Load()
-}
-
 // forwardWithin bounds how long a query is retried while no instance serves
 // its partition (the owner died and the next has not restored it yet).
 const forwardWithin = 5 * time.Second
@@ -176,5 +165,5 @@ func (r *Runner) syncOwned() {
 	if o == nil || r.nParts.Load() == 0 {
 		return
 	}
-	o.sync(func(p int) bool { return r.parts[p].want.Load() }, len(r.parts), r.Log.Warn)
+	o.sync(func(p int) bool { return r.own.parts[p].want.Load() }, len(r.own.parts), r.Log.Warn)
 }

@@ -64,16 +64,8 @@ type Runner struct {
 	clog       *changelog.Log
 	// failing counts the partitions whose consumer is being rebuilt.
 	failing atomic.Int64
-	// caughtUp is set once the follower reached the changelog's end as of
-	// the start (catchUp): from then on this instance may own partitions
-	// while others run.
-	caughtUp atomic.Bool
-	parts    []partState // per partition
-	// holds is which partitions this instance keeps the state of.
-	holds *holding
-	// assignMu serializes assign; lastLive is the live list it last had.
-	assignMu sync.Mutex
-	lastLive []string
+	// own is which partitions this instance holds and pulls.
+	own *ownership
 	// owned serves the queries other instances pass on, for the
 	// partitions held (set by ServeQueries).
 	owned atomic.Pointer[owned]
@@ -151,6 +143,14 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	}
 	r := &Runner{cfg: cfg, Deps: d, waiters: newWaiters(), held: map[*job]struct{}{}, clog: &changelog.Log{JS: d.JS, MaxPiece: cfg.MaxLogPiece}}
 	r.roomFreed = sync.NewCond(&r.heldMu)
+	r.own = &ownership{name: cfg.Name, standby: cfg.Standby, rebalanceEvery: cfg.RebalanceEvery, catchUpTimeout: cfg.CatchUpTimeout,
+		members: d.Members, logger: d.Log, metrics: d.Metrics,
+		heldChanged: func() {
+			for _, f := range r.followers {
+				f.follow()
+			}
+		},
+		pullChanged: r.syncOwned}
 	r.Metrics.Help("ctxpipe_inputs_total", "Inputs by outcome (applied, rejected, duplicate).")
 	r.Metrics.Help("ctxpipe_events_total", "Events committed to the outbox, by type.")
 	r.Metrics.Help("ctxpipe_retries_total", "Worker retries of transient failures.")
@@ -166,7 +166,7 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	r.Metrics.Help("ctxpipe_partition_terms_total", "Partitions this instance took (a new pin: catch up, replay the unacked inputs).")
 	r.Metrics.Help("ctxpipe_partitions_adopted_total", "Partitions whose unacked inputs this instance applied because their owner went silent while nobody held the pin (no new input to start a term).")
 	r.Metrics.Gauge("ctxpipe_partitions_owned", "Partitions this instance received inputs for, under its pin, in the last 30 s.", func(context.Context) (float64, error) {
-		return float64(r.Owned()), nil
+		return float64(r.own.owned()), nil
 	})
 	r.Metrics.Gauge("ctxpipe_changelog_cursor", "CTX_STATE sequence up to which this instance has applied the changelog of the partitions it holds.", func(context.Context) (float64, error) {
 		return float64(r.Cursor()), nil
@@ -175,7 +175,7 @@ func New(cfg Config, d Deps) (*Runner, error) {
 		if r.nParts.Load() == 0 {
 			return 0, nil
 		}
-		return float64(len(r.pullStarts())), nil
+		return float64(len(r.own.pullStarts())), nil
 	})
 	r.Metrics.Help("ctxpipe_partitions_restored_total", "Partitions this instance gained (as owner or standby) and restored from the changelog.")
 	r.Metrics.Help("ctxpipe_partition_restore_seconds", "From gaining a partition to holding its changelog up to its last record then.")
@@ -183,7 +183,7 @@ func New(cfg Config, d Deps) (*Runner, error) {
 		if r.nParts.Load() == 0 {
 			return 0, nil
 		}
-		_, n := r.holds.counts()
+		_, n := r.own.holds.counts()
 		return float64(n), nil
 	})
 	r.Metrics.Gauge("ctxpipe_changelog_behind", "Partitions held whose last changelog record this instance has not applied yet (one request per partition held, at each scrape).", func(ctx context.Context) (float64, error) {
@@ -229,7 +229,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		c.commits = make(chan *commitReq, r.cfg.Lanes)
 		go r.followers[i].run(followCtx)
 	}
-	go r.catchUp(followCtx)
+	go r.own.catchUp(followCtx)
 	var workers, committers sync.WaitGroup
 	for range r.cfg.Lanes {
 		workers.Add(1)

@@ -58,7 +58,7 @@ func (r *Runner) sweepStrays(ctx context.Context) {
 
 // sweep finds the strays CTX_IN holds now and has each rejected.
 func (r *Runner) sweep(ctx context.Context) error {
-	if r.strayPartition() < 0 {
+	if r.own.strayPartition() < 0 {
 		return nil // this instance pulls no partition now: the others look
 	}
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -147,7 +147,7 @@ func (r *Runner) stray(ctx context.Context, s jetstream.Stream, subject string, 
 	// committed to its first input's partition, and a conversation's real
 	// inputs must stay in theirs. Its rejection is filed under its
 	// tenant's _invalid conversation.
-	p := r.strayPartition()
+	p := r.own.strayPartition()
 	if p < 0 {
 		return fmt.Errorf("stray %s at %d: this instance pulls no partition now", subject, seq)
 	}
@@ -169,28 +169,6 @@ func (r *Runner) stray(ctx context.Context, s jetstream.Stream, subject string, 
 		return fmt.Errorf("delete stray %s at %d: %w", subject, seq, err)
 	}
 	return nil
-}
-
-// strayPartition is the partition a stray's rejection is committed to, or
-// -1. A stray belongs to none: any partition this instance pulls (so holds
-// and follows) takes it, one it holds the pin of first, where no other
-// writer's appends race it.
-func (r *Runner) strayPartition() int {
-	first := -1
-	for p := range r.parts {
-		if !r.parts[p].want.Load() {
-			continue
-		}
-		owning := false
-		r.parts[p].set(func(s *partState) { owning = s.owning })
-		if owning {
-			return p
-		}
-		if first < 0 {
-			first = p
-		}
-	}
-	return first
 }
 
 // strayMsg is a stray as the workers see it: the message as the stream
