@@ -39,7 +39,7 @@ type ownership struct {
 	// server serves the partitions pulled).
 	heldChanged, pullChanged func()
 
-	// n is N (0 before init); parts and holds have N+1 entries.
+	// n is N (0 before publish); parts and holds have N+1 entries.
 	n        atomic.Int64
 	parts    []partState
 	holds    *holding
@@ -50,12 +50,14 @@ type ownership struct {
 }
 
 // init sizes the ownership for n partitions (and the shared one), none
-// held or pulled yet.
+// held or pulled yet; publish makes n known to other goroutines once the
+// runner is set up (partitions is 0 until then).
 func (o *ownership) init(n int) {
 	o.parts = newPartStates(n+1, false)
 	o.holds = newHolding(n + 1)
-	o.n.Store(int64(n))
 }
+
+func (o *ownership) publish(n int) { o.n.Store(int64(n)) }
 
 // catchUp waits until every partition this instance holds is restored
 // from the changelog (at most CatchUpTimeout), then lets it own partitions:
@@ -276,7 +278,7 @@ func (o *ownership) owned() int {
 	return n
 }
 
-// partitions is N, 0 before init.
+// partitions is N, 0 before publish.
 func (o *ownership) partitions() int { return int(o.n.Load()) }
 
 // answered lists the partitions this instance answers queries for.

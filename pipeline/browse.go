@@ -96,14 +96,14 @@ type markReply struct {
 // localList is this instance's answer to a list request: the
 // conversations of the partitions it answers for, at most maxBytes of
 // them (the most recently changed first), in key order.
-func (r *Runner) localList(ctx context.Context, maxBytes int) ([]byte, error) {
-	rep := listReply{Instance: r.cfg.Name, Partitions: r.own.answered(), Conversations: []ConversationSummary{}}
+func (q *queryServer) localList(ctx context.Context, maxBytes int) ([]byte, error) {
+	rep := listReply{Instance: q.name, Partitions: q.parts.answered(), Conversations: []ConversationSummary{}}
 	if len(rep.Partitions) > 0 {
-		infos, err := r.Stores.ConversationInfos(ctx)
+		infos, err := q.stores.ConversationInfos(ctx)
 		if err != nil {
 			return nil, err
 		}
-		n := r.Partitions()
+		n := q.parts.partitions()
 		for _, ci := range infos {
 			tenant, conv := schema.SplitKey(ci.Key)
 			if _, ok := slices.BinarySearch(rep.Partitions, bus.PartitionOf(tenant, conv, n)); !ok {
@@ -195,10 +195,10 @@ func covers(replies []listReply, n int) bool {
 	return len(mergeLists(replies, n).Missing) == 0
 }
 
-// ListConversations asks every instance for its conversations over nc
+// listConversations asks every instance for its conversations over nc
 // and gathers the answers (ListSubject).
-func (r *Runner) ListConversations(ctx context.Context, nc *nats.Conn) (ConversationList, error) {
-	n := r.Partitions()
+func (q *queryServer) listConversations(ctx context.Context, nc *nats.Conn) (ConversationList, error) {
+	n := q.parts.partitions()
 	if n == 0 {
 		return ConversationList{}, errors.New("the service is not consuming yet")
 	}
@@ -221,7 +221,7 @@ func (r *Runner) ListConversations(ctx context.Context, nc *nats.Conn) (Conversa
 		}
 		var rep listReply
 		if json.Unmarshal(m.Data, &rep) != nil {
-			r.Log.Warn("an unreadable answer to a conversation list; left out", "bytes", len(m.Data))
+			q.logger.Warn("an unreadable answer to a conversation list; left out", "bytes", len(m.Data))
 			continue
 		}
 		replies = append(replies, rep)
@@ -230,20 +230,20 @@ func (r *Runner) ListConversations(ctx context.Context, nc *nats.Conn) (Conversa
 }
 
 // serveList answers the list requests on ListSubject.
-func (r *Runner) serveList(ctx context.Context, nc *nats.Conn) (*nats.Subscription, error) {
+func (q *queryServer) serveList(ctx context.Context, nc *nats.Conn) (*nats.Subscription, error) {
 	return nc.Subscribe(ListSubject, func(m *nats.Msg) {
 		if !SafeReply(m.Reply) {
-			r.Log.Warn("list refused: reply subject outside an inbox", "reply", m.Reply)
+			q.logger.Warn("list refused: reply subject outside an inbox", "reply", m.Reply)
 			return
 		}
 		go func() {
-			reply, err := r.localList(ctx, r.maxReply-1024)
+			reply, err := q.localList(ctx, q.maxReply-1024)
 			if err != nil {
-				r.Log.Warn("cannot list this instance's conversations", "err", err)
+				q.logger.Warn("cannot list this instance's conversations", "err", err)
 				return // the gatherer names its partitions missing
 			}
 			if err := m.Respond(reply); err != nil {
-				r.Log.Warn("list reply failed", "err", err)
+				q.logger.Warn("list reply failed", "err", err)
 			}
 		}()
 	})
@@ -251,13 +251,13 @@ func (r *Runner) serveList(ctx context.Context, nc *nats.Conn) (*nats.Subscripti
 
 // conversationReply answers the conversation verb: the view of the
 // conversation in the request (a status request's body), from this file.
-func (r *Runner) conversationReply(ctx context.Context, data []byte) []byte {
+func (q *queryServer) conversationReply(ctx context.Context, data []byte) []byte {
 	req, bad := decodeRequest[schema.StatusRequest](data)
 	if bad != nil {
 		return bad
 	}
 	defer readSlot(ctx)()
-	v, err := r.localView(ctx, keyOf(ctx, req.ConversationID))
+	v, err := q.localView(ctx, keyOf(ctx, req.ConversationID))
 	if errors.Is(err, ErrNoConversation) {
 		return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", req.ConversationID))
 	}
@@ -268,15 +268,15 @@ func (r *Runner) conversationReply(ctx context.Context, data []byte) []byte {
 	if err != nil {
 		return queryError(err)
 	}
-	if r.maxReply > 0 && len(b) > r.maxReply-1024 {
-		return queryError(schema.QueryErrorf(schema.QueryTooLarge, "the conversation is %d bytes, over the %d-byte message limit", len(b), r.maxReply))
+	if q.maxReply > 0 && len(b) > q.maxReply-1024 {
+		return queryError(schema.QueryErrorf(schema.QueryTooLarge, "the conversation is %d bytes, over the %d-byte message limit", len(b), q.maxReply))
 	}
 	return b
 }
 
 // localView reads conversation key from this instance's file.
-func (r *Runner) localView(ctx context.Context, key string) (ConversationView, error) {
-	return viewOf(ctx, r.Stores, key)
+func (q *queryServer) localView(ctx context.Context, key string) (ConversationView, error) {
+	return viewOf(ctx, q.stores, key)
 }
 
 // ConversationReader is what reading conversations takes of the state: a
@@ -319,13 +319,13 @@ func viewOf(ctx context.Context, s ConversationReader, key string) (Conversation
 }
 
 // markReply answers the mark verb.
-func (r *Runner) markReply(ctx context.Context, data []byte) []byte {
+func (q *queryServer) markReply(ctx context.Context, data []byte) []byte {
 	req, bad := decodeRequest[schema.StatusRequest](data)
 	if bad != nil {
 		return bad
 	}
 	defer readSlot(ctx)()
-	mark, err := r.localMark(ctx, keyOf(ctx, req.ConversationID))
+	mark, err := q.localMark(ctx, keyOf(ctx, req.ConversationID))
 	if errors.Is(err, ErrNoConversation) {
 		return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", req.ConversationID))
 	}
@@ -340,8 +340,8 @@ func (r *Runner) markReply(ctx context.Context, data []byte) []byte {
 }
 
 // localMark is conversation key's mark in this instance's file.
-func (r *Runner) localMark(ctx context.Context, key string) (string, error) {
-	return markOf(ctx, r.Stores, key)
+func (q *queryServer) localMark(ctx context.Context, key string) (string, error) {
+	return markOf(ctx, q.stores, key)
 }
 
 // markOf changes whenever conversation key's state in s does. Two commits
@@ -362,25 +362,25 @@ func markOf(ctx context.Context, s ConversationReader, key string) (string, erro
 	return fmt.Sprint(at, st.Messages, st.ContextTokens, st.Condensations, st.Truncations, st.LastTS), nil
 }
 
-// Conversation reads conversation key from the instance that owns its
+// conversation reads conversation key from the instance that owns its
 // partition (this one, or another over nc).
-func (r *Runner) Conversation(ctx context.Context, nc *nats.Conn, key string) (ConversationView, error) {
+func (q *queryServer) conversation(ctx context.Context, nc *nats.Conn, key string) (ConversationView, error) {
 	var v ConversationView
-	err := r.ask(ctx, nc, key, verbConversation, &v, func(ctx context.Context) error {
+	err := q.ask(ctx, nc, key, verbConversation, &v, func(ctx context.Context) error {
 		var err error
-		v, err = r.localView(ctx, key)
+		v, err = q.localView(ctx, key)
 		return err
 	})
 	return v, err
 }
 
-// ConversationMark is conversation key's mark (it changes whenever the
+// conversationMark is conversation key's mark (it changes whenever the
 // conversation does), from the instance that owns its partition.
-func (r *Runner) ConversationMark(ctx context.Context, nc *nats.Conn, key string) (string, error) {
+func (q *queryServer) conversationMark(ctx context.Context, nc *nats.Conn, key string) (string, error) {
 	var rep markReply
-	err := r.ask(ctx, nc, key, verbMark, &rep, func(ctx context.Context) error {
+	err := q.ask(ctx, nc, key, verbMark, &rep, func(ctx context.Context) error {
 		var err error
-		rep.Mark, err = r.localMark(ctx, key)
+		rep.Mark, err = q.localMark(ctx, key)
 		return err
 	})
 	return rep.Mark, err
@@ -388,20 +388,20 @@ func (r *Runner) ConversationMark(ctx context.Context, nc *nats.Conn, key string
 
 // ask runs local when this instance answers for key's partition, and
 // otherwise asks the owner for verb over nc, decoding its answer into out.
-func (r *Runner) ask(ctx context.Context, nc *nats.Conn, key string, verb schema.QueryVerb, out any, local func(context.Context) error) error {
+func (q *queryServer) ask(ctx context.Context, nc *nats.Conn, key string, verb schema.QueryVerb, out any, local func(context.Context) error) error {
 	if !schema.ValidConversationKey(key) {
 		return fmt.Errorf("%q is not a conversation key", key)
 	}
 	tenant, conv := schema.SplitKey(key)
-	p := bus.PartitionOf(tenant, conv, r.Partitions())
-	if r.own.answersHere(p) {
+	p := bus.PartitionOf(tenant, conv, q.parts.partitions())
+	if q.parts.answersHere(p) {
 		return local(ctx)
 	}
 	body, err := json.Marshal(schema.StatusRequest{ConversationID: conv})
 	if err != nil {
 		return err
 	}
-	reply := r.forward(ctx, nc, ownSubject(p, tenant, verb), body, 0)
+	reply := q.forward(ctx, nc, ownSubject(p, tenant, verb), body, 0)
 	var qe schema.QueryError
 	if json.Unmarshal(reply, &qe) == nil && qe.Error.Code != "" {
 		if qe.Error.Code == schema.QueryNotFound {
@@ -415,11 +415,11 @@ func (r *Runner) ask(ctx context.Context, nc *nats.Conn, key string, verb schema
 	return nil
 }
 
-// ChangelogMark moves whenever any instance commits anything: the last
+// changelogMark moves whenever any instance commits anything: the last
 // sequence of CTX_STATE, where every commit is appended before it is
 // committed.
-func (r *Runner) ChangelogMark(ctx context.Context) (int64, error) {
-	s, err := r.JS.Stream(ctx, bus.StreamState)
+func (q *queryServer) changelogMark(ctx context.Context) (int64, error) {
+	s, err := q.js.Stream(ctx, bus.StreamState)
 	if err != nil {
 		return 0, err
 	}
@@ -442,18 +442,18 @@ type Browser struct {
 }
 
 func (b Browser) Conversations(ctx context.Context) (ConversationList, error) {
-	return b.R.ListConversations(ctx, b.NC)
+	return b.R.queries.listConversations(ctx, b.NC)
 }
 
 func (b Browser) Conversation(ctx context.Context, key string) (ConversationView, error) {
-	return b.R.Conversation(ctx, b.NC, key)
+	return b.R.queries.conversation(ctx, b.NC, key)
 }
 
 func (b Browser) ConversationMark(ctx context.Context, key string) (string, error) {
-	return b.R.ConversationMark(ctx, b.NC, key)
+	return b.R.queries.conversationMark(ctx, b.NC, key)
 }
 
-func (b Browser) Mark(ctx context.Context) (int64, error) { return b.R.ChangelogMark(ctx) }
+func (b Browser) Mark(ctx context.Context) (int64, error) { return b.R.queries.changelogMark(ctx) }
 
 // StoreBrowser reads the conversations of one instance's state (its file,
 // or its set of files), or of a file opened for inspection.

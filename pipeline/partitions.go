@@ -85,7 +85,9 @@ func (r *Runner) setup(ctx context.Context) error {
 		}
 	}
 	r.own.assign(live)
-	// Published last: other goroutines read r.committers once they see N.
+	// Published last: other goroutines read r.committers, and r.own's
+	// partitions, once they see N.
+	r.own.publish(n)
 	r.nParts.Store(int64(n))
 	return nil
 }

@@ -87,8 +87,8 @@ const forwardWithin = 5 * time.Second
 
 // forward passes a query on to the holders of its partition and returns
 // their answer.
-func (r *Runner) forward(ctx context.Context, nc *nats.Conn, subject string, data []byte, wait time.Duration) []byte {
-	r.Metrics.Inc("ctxpipe_queries_forwarded_total", "")
+func (q *queryServer) forward(ctx context.Context, nc *nats.Conn, subject string, data []byte, wait time.Duration) []byte {
+	q.metrics.Inc("ctxpipe_queries_forwarded_total", "")
 	until := time.Now().Add(forwardWithin)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, wait+forwardWithin)
@@ -160,10 +160,10 @@ func (o *owned) stop() error {
 
 // syncOwned brings the ctx.own subscriptions in line with the partitions
 // owned.
-func (r *Runner) syncOwned() {
-	o := r.owned.Load()
-	if o == nil || r.nParts.Load() == 0 {
+func (q *queryServer) syncOwned() {
+	o, n := q.owned.Load(), q.parts.partitions()
+	if o == nil || n == 0 {
 		return
 	}
-	o.sync(func(p int) bool { return r.own.parts[p].want.Load() }, len(r.own.parts), r.Log.Warn)
+	o.sync(q.parts.answersHere, n+1, q.logger.Warn)
 }

@@ -48,8 +48,8 @@ type Runner struct {
 	health  health
 	// stored is the store's health as the committers see it.
 	stored storeHealth
-	// maxReply is the connection's max payload: a query reply must fit.
-	maxReply int
+	// queries answers the ctx.q.* queries and the dashboard's reads.
+	queries *queryServer
 
 	sched *scheduler
 	// committers are the committers of Stores' files, in the set's order,
@@ -66,9 +66,6 @@ type Runner struct {
 	failing atomic.Int64
 	// own is which partitions this instance holds and pulls.
 	own *ownership
-	// owned serves the queries other instances pass on, for the
-	// partitions held (set by ServeQueries).
-	owned atomic.Pointer[owned]
 
 	heldMu    sync.Mutex
 	held      map[*job]struct{}
@@ -150,7 +147,9 @@ func New(cfg Config, d Deps) (*Runner, error) {
 				f.follow()
 			}
 		},
-		pullChanged: r.syncOwned}
+		pullChanged: func() { r.queries.syncOwned() }}
+	r.queries = &queryServer{stores: d.Stores, profiles: d.Profiles, engine: d.Engine, waiters: r.waiters, parts: r.own, js: d.JS,
+		name: cfg.Name, maxReads: cfg.MaxQueryReads, maxWaits: cfg.MaxQueryWaits, logger: d.Log, metrics: d.Metrics}
 	r.Metrics.Help("ctxpipe_inputs_total", "Inputs by outcome (applied, rejected, duplicate).")
 	r.Metrics.Help("ctxpipe_events_total", "Events committed to the outbox, by type.")
 	r.Metrics.Help("ctxpipe_retries_total", "Worker retries of transient failures.")
@@ -278,6 +277,24 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.Log.Info("consumer stopped")
 	return nil
 }
+
+// ServeQueries answers ctx.q.history, ctx.q.status and ctx.q.events in the
+// queue group over nc, passing each query on to the instance that owns its
+// conversation's partition when that is not this one, and answers the
+// other instances' conversation lists. The returned func unsubscribes.
+func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error, error) {
+	return r.queries.serve(ctx, nc)
+}
+
+// History, Status and Events answer a ctx.q.history, ctx.q.status and
+// ctx.q.events request body from this instance's files.
+func (r *Runner) History(ctx context.Context, data []byte) []byte {
+	return r.queries.history(ctx, data)
+}
+
+func (r *Runner) Status(ctx context.Context, data []byte) []byte { return r.queries.status(ctx, data) }
+
+func (r *Runner) Events(ctx context.Context, data []byte) []byte { return r.queries.events(ctx, data) }
 
 // Ready tells whether the runner is consuming: its consumer exists and it
 // heard from it recently. It is what /readyz reports.
