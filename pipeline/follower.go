@@ -241,3 +241,52 @@ func (f *follower) follow() {
 		f.cancel()
 	}
 }
+
+// Cursor is how far this instance has read the changelog (0 before Run):
+// the least of its files' cursors.
+func (r *Runner) Cursor() uint64 {
+	if r.nParts.Load() == 0 {
+		return 0
+	}
+	var cur uint64
+	for i, c := range r.committers {
+		if at := c.log.safeCursor(); i == 0 || at < cur {
+			cur = at
+		}
+	}
+	return cur
+}
+
+// Behind is how many partitions this instance holds whose last changelog
+// message it has not handled yet (0 when it holds none, or has caught up
+// with all).
+func (r *Runner) Behind(ctx context.Context) (int, error) {
+	if r.nParts.Load() == 0 {
+		return 0, nil
+	}
+	s, err := r.JS.Stream(ctx, bus.StreamState)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for p := range r.own.parts {
+		if !r.own.holds.isHeld(p) {
+			continue
+		}
+		last, err := changelog.LastOf(ctx, s, p)
+		if err != nil {
+			return 0, err
+		}
+		if err := r.logOf(p).waitSeen(doneCtx, p, last); err != nil {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// doneCtx is a context already done: waitSeen with it only checks.
+var doneCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()

@@ -1,9 +1,13 @@
 package pipeline
 
 import (
+	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ctxpipe/ctxpipe/bus"
 )
 
 // health is what the runner knows about its own consumption, for /readyz
@@ -111,4 +115,47 @@ func (s *storeHealth) ready(now time.Time, maxAge time.Duration) (bool, string) 
 		return false, "the store cannot commit: " + why
 	}
 	return true, ""
+}
+
+// probe asks the server about CTX_IN and CTX_STATE every ProbeInterval. An
+// idle partition sends nothing but heartbeats, and a stream without a
+// leader stores no new input: without this the runner could not tell an
+// idle service from one that cannot work.
+func (r *Runner) probe(ctx context.Context) {
+	t := time.NewTicker(r.cfg.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.ProbeInterval)
+		err := r.check(pctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			r.health.probeFailed(err)
+		default:
+			r.health.fetched(time.Now())
+		}
+	}
+}
+
+func (r *Runner) check(ctx context.Context) error {
+	for _, name := range []string{bus.StreamIn, bus.StreamState} {
+		s, err := r.JS.Stream(ctx, name)
+		if err != nil {
+			return fmt.Errorf("stream %s info: %w", name, err)
+		}
+		if c := s.CachedInfo().Cluster; c != nil && c.Leader == "" {
+			return fmt.Errorf("stream %s has no leader", name)
+		}
+	}
+	if n := r.failing.Load(); n > 0 {
+		return fmt.Errorf("%d partition consumers are being rebuilt", n)
+	}
+	return nil
 }

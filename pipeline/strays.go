@@ -154,7 +154,7 @@ func (r *Runner) stray(ctx context.Context, s jetstream.Stream, subject string, 
 	now := time.Now()
 	j := &job{msg: m, partition: p, subject: raw.Subject, seq: seq, deliver: 1,
 		touched: now, stored: raw.Time, fetched: now}
-	r.hold(j)
+	r.held.hold(j)
 	r.sched.push(j)
 	select {
 	case committed := <-m.done:
