@@ -169,7 +169,13 @@ func (r *Runner) consume(ctx context.Context) error {
 	swept := make(chan struct{})
 	go func() {
 		defer close(swept)
-		r.sweepStrays(loops)
+		sweeper := &straySweeper{js: r.JS, partitions: r.partitions, every: r.cfg.StrayInterval, own: r.own,
+			queue: func(j *job) {
+				r.held.hold(j)
+				r.sched.push(j)
+			},
+			logger: r.Log, metrics: r.Metrics}
+		sweeper.run(loops)
 	}()
 	probeCtx, stopProbe := context.WithCancel(ctx)
 	defer stopProbe()

@@ -196,9 +196,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	return nil
 }
 
-// dispatch queues an input fetched from partition p (by its consumer, a
-// term's replay, or the stray sweep) behind its conversation's earlier
-// ones, once the held bytes leave it room.
+// dispatch queues an input fetched from partition p (by its consumer, or a
+// term's replay) behind its conversation's earlier ones, once the held
+// bytes leave it room.
 func (r *Runner) dispatch(p int, msg jetstream.Msg) {
 	now := time.Now()
 	j := &job{msg: msg, partition: p, touched: now, fetched: now}
