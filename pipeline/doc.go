@@ -2,8 +2,8 @@
 // CTX_IN's partitions and keeps the state of the partitions it holds.
 //
 // What is where:
-//   - runner.go: the Runner's job, fetch → lane → prepare → commit → ack,
-//     and the wiring of the parts below. partitions.go pulls each
+//   - runner.go: the Runner's job, fetch → lane → prepare → commit → ack;
+//     New and wire.go wire the parts below to it. partitions.go pulls each
 //     partition's pinned durable consumer (a new pin starts a term:
 //     takeover.go catches up and replays the unacked inputs); sched.go
 //     hands each conversation to one lane at a time, so its inputs apply
@@ -26,8 +26,8 @@
 //     decides, before any input arrives, which instance owns each partition
 //     and which --standby instances follow it; an owner that went silent
 //     has its inputs adopted.
-//   - queries.go, history.go, verbs.go, waiters.go, route.go, browse.go:
-//     the query server. The ctx.q.* queries are answered by the instance
+//   - queries.go, history.go, verbs.go, waiters.go, route.go, browse.go,
+//     list.go: the query server. The ctx.q.* queries are answered by the instance
 //     that owns the conversation's partition; any other passes the query
 //     on over ctx.own.<p>.<tenant>.<verb>. The dashboard's lists are
 //     gathered from every instance.

@@ -3,9 +3,10 @@ package pipeline
 import (
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/ctxpipe/ctxpipe/schema"
 	"github.com/ctxpipe/ctxpipe/store"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // job is one fetched JetStream message on its way through a worker.

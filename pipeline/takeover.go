@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/changelog"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // startTerm makes this instance ready to apply partition p's inputs after
