@@ -100,11 +100,8 @@ func (f *follower) plan(ctx context.Context) (followPlan, error) {
 				f.holds.untake(gained[i:])
 				return followPlan{}, err
 			}
-			applied := f.log.appliedOf(p)
-			current := last <= applied
-			start := end + 1
+			start, current := restoreFrom(last, f.log.appliedOf(p), end)
 			if !current {
-				start = applied + 1
 				f.mu.Lock()
 				f.floor[p] = start
 				f.mu.Unlock()
@@ -138,6 +135,18 @@ func (f *follower) plan(ctx context.Context) (followPlan, error) {
 		pl.subjects = append(pl.subjects, bus.StateSubject(p))
 	}
 	return pl, nil
+}
+
+// restoreFrom is where a gained partition is followed from, given its last
+// changelog message, the last of its records the store applied, and the
+// log's end before last was read: when the store holds last already the
+// partition is current, and followed from after the end (nothing of it
+// lies between); otherwise from after its last record applied.
+func restoreFrom(last, applied, end uint64) (start uint64, current bool) {
+	if last <= applied {
+		return end + 1, true
+	}
+	return applied + 1, false
 }
 
 func containsInt(s []int, v int) bool {
