@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ctxpipe/ctxpipe/changelog"
 	"github.com/ctxpipe/ctxpipe/schema"
 )
 
@@ -70,6 +71,40 @@ func TestCommitRetryWaits(t *testing.T) {
 	for i, w := range want {
 		if got := commitRetry.Wait(i + 1); got != w*time.Millisecond {
 			t.Errorf("retry %d: wait %v, want %v", i+1, got, w*time.Millisecond)
+		}
+	}
+}
+
+// What a worker does with each way the committer fails its request, as the
+// committer words it: fenced, it waits for the follower; the changelog
+// unreachable or lost, or the store down, it retries; the store refusing
+// the batch, it splits it, or past the budget rejects its input as poison;
+// but never for the store down as a whole.
+func TestCommitFailuresAfterFailure(t *testing.T) {
+	const budget = time.Second
+	answer := func(err error) error { return fmt.Errorf("commit 1 inputs: %w", err) }
+	tests := []struct {
+		name         string
+		err          error
+		within, past retryStep // one input, within and past the budget
+		several      retryStep
+	}{
+		{"fenced append", answer(appendFailure(fmt.Errorf("append to ctx.state.1: %w", changelog.ErrFenced))), retryFollowed, retryFollowed, retryFollowed},
+		{"a view older than the foreign mark", answer(errBehind), retryFollowed, retryFollowed, retryFollowed},
+		{"the changelog lost records", answer(appendFailure(changelog.ErrLost)), retryLater, retryPoison, retrySplit},
+		{"the changelog unreachable", answer(appendFailure(errors.New("nats: no response from stream"))), retryLater, retryPoison, retrySplit},
+		{"the store down", fmt.Errorf("commit 1 inputs: %w: %w", errStoreDown, errors.New("disk I/O error")), retryLater, retryLater, retrySplit},
+		{"the store refused the batch", answer(errRefused), retryLater, retryPoison, retrySplit},
+	}
+	for _, tt := range tests {
+		if got := afterFailure(tt.err, 1, 0, budget); got != tt.within {
+			t.Errorf("%s, within the budget: %d, want %d", tt.name, got, tt.within)
+		}
+		if got := afterFailure(tt.err, 1, 2*budget, budget); got != tt.past {
+			t.Errorf("%s, past the budget: %d, want %d", tt.name, got, tt.past)
+		}
+		if got := afterFailure(tt.err, 3, 0, budget); got != tt.several {
+			t.Errorf("%s, several inputs: %d, want %d", tt.name, got, tt.several)
 		}
 	}
 }

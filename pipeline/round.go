@@ -183,8 +183,8 @@ func (c *committer) finish(rd *round, commits *chan *commitReq) (next *round) {
 			}
 			if errors.Is(err, changelog.ErrFenced) {
 				c.metrics.Inc("ctxpipe_changelog_fenced_total", "")
-				err = errBehind
 			}
+			err = appendFailure(err)
 			for _, q := range b.reqs {
 				q.done <- fmt.Errorf("commit %d inputs: %w", len(b.entries), err)
 			}
@@ -295,6 +295,18 @@ func (c *committer) failRound(batches []*partitionBatch, err error) {
 			q.done <- fmt.Errorf("commit %d inputs: %w: %w", len(b.entries), errStoreDown, err)
 		}
 	}
+}
+
+// appendFailure is what the requests of a batch whose record's append
+// failed are answered: a fenced append (another writer appended to the
+// partition first) is errBehind, and the batch is prepared again once the
+// follower has applied that record; any other failure (the changelog lost
+// records this store applied, or did not answer) as it is.
+func appendFailure(err error) error {
+	if errors.Is(err, changelog.ErrFenced) {
+		return errBehind
+	}
+	return err
 }
 
 // errStoreDown fails the requests of a round whose transaction failed as a
