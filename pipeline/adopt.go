@@ -2,17 +2,20 @@ package pipeline
 
 import (
 	"context"
+	"log/slog"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
 )
 
-// adopt takes over the partitions whose inputs a silent owner holds. A
+// An adopter takes over the partitions whose inputs a silent owner holds. A
 // term starts when the server delivers an input under a new pin, and it
 // gives the pin only with a delivery: on a partition with no new input, an
 // input delivered to an owner that then died came back only after its ack
 // wait (30 s by default), although the next owner was pulling 3 s after the
-// death. Every PinnedTTL, adopt lists the partition consumers (one request
+// death. Every PinnedTTL, it lists the partition consumers (one request
 // for all) and, for each partition this instance pulls where inputs are
 // delivered and unacked while nobody holds the pin (the holder stopped
 // pulling for longer than PinnedTTL, so the server unpinned it), applies
@@ -27,16 +30,31 @@ import (
 // wait: so the consumers are listed only while a partition this instance
 // pulls began pulling within the ack wait (adoptDue), not every PinnedTTL
 // for the instance's whole life.
-func (r *Runner) adopt(ctx context.Context) {
+type adopter struct {
+	js         jetstream.JetStream
+	consumer   string // Config.Consumer: the partition consumers' name
+	partitions int    // N
+	// pinnedTTL and ackWait are Config's.
+	pinnedTTL, ackWait time.Duration
+	own                *ownership
+	// takeOver applies partition p's inputs from floor+1 to delivered
+	// after catching up with the changelog (Runner.takeOver).
+	takeOver func(ctx context.Context, p int, floor, delivered uint64) (int, error)
+	logger   *slog.Logger
+	metrics  *Metrics
+}
+
+// run adopts every pinnedTTL until ctx ends.
+func (a *adopter) run(ctx context.Context) {
 	names := map[string]int{}
-	for p := 0; p <= r.partitions; p++ {
-		names[bus.ConsumerFor(r.cfg.Consumer, p)] = p
+	for p := 0; p <= a.partitions; p++ {
+		names[bus.ConsumerFor(a.consumer, p)] = p
 	}
 	// adopted is, per partition, the range last taken this way: the
 	// consumer shows it unacked until the ack wait ends, and it is not
 	// read again meanwhile.
 	adopted := map[int][2]uint64{}
-	t := time.NewTicker(r.cfg.PinnedTTL)
+	t := time.NewTicker(a.pinnedTTL)
 	defer t.Stop()
 	for {
 		select {
@@ -44,11 +62,11 @@ func (r *Runner) adopt(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if !adoptDue(r.pullStarts(), time.Now(), r.cfg.AckWait) {
+		if !adoptDue(a.own.pullStarts(), time.Now(), a.ackWait) {
 			continue
 		}
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		orphaned := r.orphaned(lctx, names)
+		orphaned := a.orphaned(lctx, names)
 		cancel()
 		for p, span := range orphaned {
 			if adopted[p] == span {
@@ -56,15 +74,15 @@ func (r *Runner) adopt(ctx context.Context) {
 			}
 			adopted[p] = span
 			t0 := time.Now()
-			n, err := r.takeOver(ctx, p, span[0], span[1])
+			n, err := a.takeOver(ctx, p, span[0], span[1])
 			if err != nil {
-				r.Log.Warn("cannot take the inputs a silent owner holds; they come back after their ack wait",
+				a.logger.Warn("cannot take the inputs a silent owner holds; they come back after their ack wait",
 					"partition", p, "err", err)
 				delete(adopted, p)
 				continue
 			}
-			r.Metrics.Inc("ctxpipe_partitions_adopted_total", "")
-			r.Log.Info("partition taken from a silent owner", "partition", p, "ack_floor", span[0],
+			a.metrics.Inc("ctxpipe_partitions_adopted_total", "")
+			a.logger.Info("partition taken from a silent owner", "partition", p, "ack_floor", span[0],
 				"replayed_unacked", n, "took", time.Since(t0).Round(time.Millisecond))
 		}
 	}
@@ -72,8 +90,8 @@ func (r *Runner) adopt(ctx context.Context) {
 
 // orphaned lists, for the partitions this instance pulls, the unacked
 // inputs (ack floor, last delivered) of those nobody holds the pin of.
-func (r *Runner) orphaned(ctx context.Context, names map[string]int) map[int][2]uint64 {
-	s, err := r.JS.Stream(ctx, bus.StreamIn)
+func (a *adopter) orphaned(ctx context.Context, names map[string]int) map[int][2]uint64 {
+	s, err := a.js.Stream(ctx, bus.StreamIn)
 	if err != nil {
 		return nil
 	}
@@ -81,20 +99,13 @@ func (r *Runner) orphaned(ctx context.Context, names map[string]int) map[int][2]
 	list := s.ListConsumers(ctx)
 	for info := range list.Info() {
 		p, ok := names[info.Name]
-		if !ok || info.NumAckPending == 0 || info.Delivered.Stream <= info.AckFloor.Stream {
+		if !ok {
 			continue
 		}
 		pulling := false
-		r.parts[p].set(func(s *partState) { pulling = s.stop != nil })
-		if !r.parts[p].want.Load() || !pulling {
-			continue
-		}
-		pinned := false
-		for _, g := range info.PriorityGroups {
-			pinned = pinned || g.PinnedClientID != ""
-		}
-		if !pinned {
-			out[p] = [2]uint64{info.AckFloor.Stream, info.Delivered.Stream}
+		a.own.parts[p].set(func(s *partState) { pulling = s.stop != nil })
+		if span, ok := orphanedSpan(info, pulling && a.own.parts[p].want.Load()); ok {
+			out[p] = span
 		}
 	}
 	if list.Err() != nil {
@@ -103,18 +114,20 @@ func (r *Runner) orphaned(ctx context.Context, names map[string]int) map[int][2]
 	return out
 }
 
-// pullStarts is, for each partition this instance pulls, when its current
-// iterator began pulling.
-func (r *Runner) pullStarts() []time.Time {
-	var out []time.Time
-	for p := range r.parts {
-		r.parts[p].set(func(s *partState) {
-			if s.stop != nil {
-				out = append(out, s.pullSince)
-			}
-		})
+// orphanedSpan is the unacked inputs (ack floor, last delivered) of a
+// partition consumer when a silent owner holds them: inputs are delivered
+// and unacked, and nobody holds the pin. pulling says this instance pulls
+// the partition: only then are they its to adopt.
+func orphanedSpan(info *jetstream.ConsumerInfo, pulling bool) ([2]uint64, bool) {
+	if !pulling || info.NumAckPending == 0 || info.Delivered.Stream <= info.AckFloor.Stream {
+		return [2]uint64{}, false
 	}
-	return out
+	for _, g := range info.PriorityGroups {
+		if g.PinnedClientID != "" {
+			return [2]uint64{}, false
+		}
+	}
+	return [2]uint64{info.AckFloor.Stream, info.Delivered.Stream}, true
 }
 
 // adoptDue tells whether a silent owner may hold inputs of a partition

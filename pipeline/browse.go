@@ -5,9 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -33,39 +30,11 @@ import (
 // Only the service's user may publish or subscribe on ctx.all.> (nats.conf);
 // no tenant account has a subject that leads there.
 
-// ListSubject is where a list of every instance's conversations is asked.
-const ListSubject = "ctx.all.conversations"
-
-// listWithin bounds how long a list waits for instances to answer.
-const listWithin = 2 * time.Second
-
 // The verbs of ctx.own only instances ask (never mapped from ctx.q).
 const (
 	verbConversation schema.QueryVerb = "conversation"
 	verbMark         schema.QueryVerb = "mark"
 )
-
-// ConversationSummary is one conversation in a list: its state (without
-// its system prompt and pins, which a list does not show), when it last
-// changed, and its messages stored and hidden.
-type ConversationSummary struct {
-	Key       string                   `json:"key"`
-	State     schema.ConversationState `json:"state"`
-	UpdatedAt int64                    `json:"updated_at"`
-	Stored    int                      `json:"stored"`
-	Hidden    int                      `json:"hidden"`
-}
-
-// ConversationList is every instance's conversations, gathered.
-type ConversationList struct {
-	Conversations []ConversationSummary // in key order
-	// Missing are the partitions no instance answered for in time: their
-	// conversations are not listed.
-	Missing []int
-	// Truncated says an instance had more conversations than one reply
-	// carries: it sent the most recently changed ones.
-	Truncated bool
-}
 
 // ConversationView is one conversation as its owner's file holds it: the
 // state, every message (hidden ones included), when it last changed and its
@@ -80,198 +49,20 @@ type ConversationView struct {
 // ErrNoConversation means the conversation has no stored state.
 var ErrNoConversation = errors.New("no such conversation")
 
-// listReply is one instance's answer to a list request.
-type listReply struct {
-	Instance      string                `json:"instance"`
-	Partitions    []int                 `json:"partitions"`
-	Conversations []ConversationSummary `json:"conversations"`
-	Truncated     bool                  `json:"truncated,omitempty"`
-}
-
 // markReply answers a mark request.
 type markReply struct {
 	Mark string `json:"mark"`
 }
 
-// answered lists the partitions this instance answers queries for.
-func (r *Runner) answered() []int {
-	if r.nParts.Load() == 0 {
-		return nil
-	}
-	var out []int
-	for p := range r.parts {
-		if r.parts[p].want.Load() {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// localList is this instance's answer to a list request: the
-// conversations of the partitions it answers for, at most maxBytes of
-// them (the most recently changed first), in key order.
-func (r *Runner) localList(ctx context.Context, maxBytes int) ([]byte, error) {
-	rep := listReply{Instance: r.cfg.Name, Partitions: r.answered(), Conversations: []ConversationSummary{}}
-	if len(rep.Partitions) > 0 {
-		infos, err := r.Stores.ConversationInfos(ctx)
-		if err != nil {
-			return nil, err
-		}
-		n := r.Partitions()
-		for _, ci := range infos {
-			tenant, conv := schema.SplitKey(ci.Key)
-			if _, ok := slices.BinarySearch(rep.Partitions, bus.PartitionOf(tenant, conv, n)); !ok {
-				continue // a standby's copy, or a partition held before
-			}
-			rep.Conversations = append(rep.Conversations, summaryOf(ci))
-		}
-	}
-	return fitList(rep, maxBytes)
-}
-
-// fitList encodes rep within maxBytes (0: no bound), leaving out the
-// least recently changed conversations if it must.
-func fitList(rep listReply, maxBytes int) ([]byte, error) {
-	b, err := json.Marshal(rep)
-	if err != nil || maxBytes <= 0 || len(b) <= maxBytes {
-		return b, err
-	}
-	all := rep.Conversations
-	byRecent := slices.Clone(all)
-	slices.SortStableFunc(byRecent, func(a, b ConversationSummary) int {
-		switch {
-		case a.UpdatedAt > b.UpdatedAt:
-			return -1
-		case a.UpdatedAt < b.UpdatedAt:
-			return 1
-		}
-		return strings.Compare(a.Key, b.Key)
-	})
-	// The largest prefix of the most recent that fits, by bisection.
-	lo, hi := 0, len(byRecent)
-	var best []byte
-	for lo < hi {
-		mid := (lo + hi + 1) / 2
-		rep.Conversations = slices.Clone(byRecent[:mid])
-		slices.SortFunc(rep.Conversations, func(a, b ConversationSummary) int { return strings.Compare(a.Key, b.Key) })
-		rep.Truncated = true
-		if b, err = json.Marshal(rep); err != nil {
-			return nil, err
-		}
-		if len(b) <= maxBytes {
-			lo, best = mid, b
-		} else {
-			hi = mid - 1
-		}
-	}
-	if best == nil {
-		rep.Conversations, rep.Truncated = []ConversationSummary{}, true
-		return json.Marshal(rep)
-	}
-	return best, nil
-}
-
-// mergeLists gathers instances' answers into one list of n+1 partitions:
-// a conversation two instances sent (an owner handing over) once, as the
-// one last changed has it.
-func mergeLists(replies []listReply, n int) ConversationList {
-	covered := make([]bool, n+1)
-	byKey := map[string]ConversationSummary{}
-	var out ConversationList
-	for _, rep := range replies {
-		for _, p := range rep.Partitions {
-			if p >= 0 && p <= n {
-				covered[p] = true
-			}
-		}
-		out.Truncated = out.Truncated || rep.Truncated
-		for _, c := range rep.Conversations {
-			if prev, ok := byKey[c.Key]; !ok || c.UpdatedAt > prev.UpdatedAt {
-				byKey[c.Key] = c
-			}
-		}
-	}
-	for p, ok := range covered {
-		if !ok {
-			out.Missing = append(out.Missing, p)
-		}
-	}
-	out.Conversations = make([]ConversationSummary, 0, len(byKey))
-	for _, c := range byKey {
-		out.Conversations = append(out.Conversations, c)
-	}
-	slices.SortFunc(out.Conversations, func(a, b ConversationSummary) int { return strings.Compare(a.Key, b.Key) })
-	return out
-}
-
-// covers tells whether replies answer for every one of n+1 partitions.
-func covers(replies []listReply, n int) bool {
-	return len(mergeLists(replies, n).Missing) == 0
-}
-
-// ListConversations asks every instance for its conversations over nc
-// and gathers the answers (ListSubject).
-func (r *Runner) ListConversations(ctx context.Context, nc *nats.Conn) (ConversationList, error) {
-	n := r.Partitions()
-	if n == 0 {
-		return ConversationList{}, errors.New("the service is not consuming yet")
-	}
-	inbox := nc.NewInbox()
-	sub, err := nc.SubscribeSync(inbox)
-	if err != nil {
-		return ConversationList{}, fmt.Errorf("list conversations: %w", err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := nc.PublishRequest(ListSubject, inbox, nil); err != nil {
-		return ConversationList{}, fmt.Errorf("list conversations: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, listWithin)
-	defer cancel()
-	var replies []listReply
-	for !covers(replies, n) {
-		m, err := sub.NextMsgWithContext(ctx)
-		if err != nil {
-			break // the bound: what came is the list, Missing says the rest
-		}
-		var rep listReply
-		if json.Unmarshal(m.Data, &rep) != nil {
-			r.Log.Warn("an unreadable answer to a conversation list; left out", "bytes", len(m.Data))
-			continue
-		}
-		replies = append(replies, rep)
-	}
-	return mergeLists(replies, n), nil
-}
-
-// serveList answers the list requests on ListSubject.
-func (r *Runner) serveList(ctx context.Context, nc *nats.Conn) (*nats.Subscription, error) {
-	return nc.Subscribe(ListSubject, func(m *nats.Msg) {
-		if !SafeReply(m.Reply) {
-			r.Log.Warn("list refused: reply subject outside an inbox", "reply", m.Reply)
-			return
-		}
-		go func() {
-			reply, err := r.localList(ctx, r.maxReply-1024)
-			if err != nil {
-				r.Log.Warn("cannot list this instance's conversations", "err", err)
-				return // the gatherer names its partitions missing
-			}
-			if err := m.Respond(reply); err != nil {
-				r.Log.Warn("list reply failed", "err", err)
-			}
-		}()
-	})
-}
-
 // conversationReply answers the conversation verb: the view of the
 // conversation in the request (a status request's body), from this file.
-func (r *Runner) conversationReply(ctx context.Context, data []byte) []byte {
+func (q *queryServer) conversationReply(ctx context.Context, data []byte) []byte {
 	req, bad := decodeRequest[schema.StatusRequest](data)
 	if bad != nil {
 		return bad
 	}
 	defer readSlot(ctx)()
-	v, err := r.localView(ctx, keyOf(ctx, req.ConversationID))
+	v, err := q.localView(ctx, keyOf(ctx, req.ConversationID))
 	if errors.Is(err, ErrNoConversation) {
 		return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", req.ConversationID))
 	}
@@ -282,15 +73,15 @@ func (r *Runner) conversationReply(ctx context.Context, data []byte) []byte {
 	if err != nil {
 		return queryError(err)
 	}
-	if r.maxReply > 0 && len(b) > r.maxReply-1024 {
-		return queryError(schema.QueryErrorf(schema.QueryTooLarge, "the conversation is %d bytes, over the %d-byte message limit", len(b), r.maxReply))
+	if q.maxReply > 0 && len(b) > q.maxReply-1024 {
+		return queryError(schema.QueryErrorf(schema.QueryTooLarge, "the conversation is %d bytes, over the %d-byte message limit", len(b), q.maxReply))
 	}
 	return b
 }
 
 // localView reads conversation key from this instance's file.
-func (r *Runner) localView(ctx context.Context, key string) (ConversationView, error) {
-	return viewOf(ctx, r.Stores, key)
+func (q *queryServer) localView(ctx context.Context, key string) (ConversationView, error) {
+	return viewOf(ctx, q.stores, key)
 }
 
 // ConversationReader is what reading conversations takes of the state: a
@@ -333,13 +124,13 @@ func viewOf(ctx context.Context, s ConversationReader, key string) (Conversation
 }
 
 // markReply answers the mark verb.
-func (r *Runner) markReply(ctx context.Context, data []byte) []byte {
+func (q *queryServer) markReply(ctx context.Context, data []byte) []byte {
 	req, bad := decodeRequest[schema.StatusRequest](data)
 	if bad != nil {
 		return bad
 	}
 	defer readSlot(ctx)()
-	mark, err := r.localMark(ctx, keyOf(ctx, req.ConversationID))
+	mark, err := q.localMark(ctx, keyOf(ctx, req.ConversationID))
 	if errors.Is(err, ErrNoConversation) {
 		return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", req.ConversationID))
 	}
@@ -354,8 +145,8 @@ func (r *Runner) markReply(ctx context.Context, data []byte) []byte {
 }
 
 // localMark is conversation key's mark in this instance's file.
-func (r *Runner) localMark(ctx context.Context, key string) (string, error) {
-	return markOf(ctx, r.Stores, key)
+func (q *queryServer) localMark(ctx context.Context, key string) (string, error) {
+	return markOf(ctx, q.stores, key)
 }
 
 // markOf changes whenever conversation key's state in s does. Two commits
@@ -376,25 +167,25 @@ func markOf(ctx context.Context, s ConversationReader, key string) (string, erro
 	return fmt.Sprint(at, st.Messages, st.ContextTokens, st.Condensations, st.Truncations, st.LastTS), nil
 }
 
-// Conversation reads conversation key from the instance that owns its
+// conversation reads conversation key from the instance that owns its
 // partition (this one, or another over nc).
-func (r *Runner) Conversation(ctx context.Context, nc *nats.Conn, key string) (ConversationView, error) {
+func (q *queryServer) conversation(ctx context.Context, nc *nats.Conn, key string) (ConversationView, error) {
 	var v ConversationView
-	err := r.ask(ctx, nc, key, verbConversation, &v, func(ctx context.Context) error {
+	err := q.ask(ctx, nc, key, verbConversation, &v, func(ctx context.Context) error {
 		var err error
-		v, err = r.localView(ctx, key)
+		v, err = q.localView(ctx, key)
 		return err
 	})
 	return v, err
 }
 
-// ConversationMark is conversation key's mark (it changes whenever the
+// conversationMark is conversation key's mark (it changes whenever the
 // conversation does), from the instance that owns its partition.
-func (r *Runner) ConversationMark(ctx context.Context, nc *nats.Conn, key string) (string, error) {
+func (q *queryServer) conversationMark(ctx context.Context, nc *nats.Conn, key string) (string, error) {
 	var rep markReply
-	err := r.ask(ctx, nc, key, verbMark, &rep, func(ctx context.Context) error {
+	err := q.ask(ctx, nc, key, verbMark, &rep, func(ctx context.Context) error {
 		var err error
-		rep.Mark, err = r.localMark(ctx, key)
+		rep.Mark, err = q.localMark(ctx, key)
 		return err
 	})
 	return rep.Mark, err
@@ -402,20 +193,20 @@ func (r *Runner) ConversationMark(ctx context.Context, nc *nats.Conn, key string
 
 // ask runs local when this instance answers for key's partition, and
 // otherwise asks the owner for verb over nc, decoding its answer into out.
-func (r *Runner) ask(ctx context.Context, nc *nats.Conn, key string, verb schema.QueryVerb, out any, local func(context.Context) error) error {
+func (q *queryServer) ask(ctx context.Context, nc *nats.Conn, key string, verb schema.QueryVerb, out any, local func(context.Context) error) error {
 	if !schema.ValidConversationKey(key) {
 		return fmt.Errorf("%q is not a conversation key", key)
 	}
 	tenant, conv := schema.SplitKey(key)
-	p := bus.PartitionOf(tenant, conv, r.Partitions())
-	if r.answersHere(p) {
+	p := bus.PartitionOf(tenant, conv, q.parts.partitions())
+	if q.parts.answersHere(p) {
 		return local(ctx)
 	}
 	body, err := json.Marshal(schema.StatusRequest{ConversationID: conv})
 	if err != nil {
 		return err
 	}
-	reply := r.forward(ctx, nc, ownSubject(p, tenant, verb), body, 0)
+	reply := q.forward(ctx, nc, ownSubject(p, tenant, verb), body, 0)
 	var qe schema.QueryError
 	if json.Unmarshal(reply, &qe) == nil && qe.Error.Code != "" {
 		if qe.Error.Code == schema.QueryNotFound {
@@ -429,22 +220,15 @@ func (r *Runner) ask(ctx context.Context, nc *nats.Conn, key string, verb schema
 	return nil
 }
 
-// ChangelogMark moves whenever any instance commits anything: the last
+// changelogMark moves whenever any instance commits anything: the last
 // sequence of CTX_STATE, where every commit is appended before it is
 // committed.
-func (r *Runner) ChangelogMark(ctx context.Context) (int64, error) {
-	s, err := r.JS.Stream(ctx, bus.StreamState)
+func (q *queryServer) changelogMark(ctx context.Context) (int64, error) {
+	s, err := q.js.Stream(ctx, bus.StreamState)
 	if err != nil {
 		return 0, err
 	}
 	return int64(s.CachedInfo().State.LastSeq), nil
-}
-
-// summaryOf is a stored conversation as a list carries it.
-func summaryOf(ci store.ConversationInfo) ConversationSummary {
-	st := ci.State
-	st.SystemPrompt, st.Pins, st.LastToolUseIDs = "", nil, nil
-	return ConversationSummary{Key: ci.Key, State: st, UpdatedAt: ci.UpdatedAt, Stored: ci.Stored, Hidden: ci.Hidden}
 }
 
 // Browser reads the conversations of every instance for the dashboard:
@@ -456,18 +240,18 @@ type Browser struct {
 }
 
 func (b Browser) Conversations(ctx context.Context) (ConversationList, error) {
-	return b.R.ListConversations(ctx, b.NC)
+	return b.R.queries.listConversations(ctx, b.NC)
 }
 
 func (b Browser) Conversation(ctx context.Context, key string) (ConversationView, error) {
-	return b.R.Conversation(ctx, b.NC, key)
+	return b.R.queries.conversation(ctx, b.NC, key)
 }
 
 func (b Browser) ConversationMark(ctx context.Context, key string) (string, error) {
-	return b.R.ConversationMark(ctx, b.NC, key)
+	return b.R.queries.conversationMark(ctx, b.NC, key)
 }
 
-func (b Browser) Mark(ctx context.Context) (int64, error) { return b.R.ChangelogMark(ctx) }
+func (b Browser) Mark(ctx context.Context) (int64, error) { return b.R.queries.changelogMark(ctx) }
 
 // StoreBrowser reads the conversations of one instance's state (its file,
 // or its set of files), or of a file opened for inspection.

@@ -3,23 +3,31 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/changelog"
 	"github.com/ctxpipe/ctxpipe/internal/backoff"
 )
 
-// follower reads the changelog of the partitions of its shard this
-// instance holds into the shard's committer: one ordered consumer filtered on their subjects, started
-// again when the set changes, after failures, and when the committer asks
-// (after it failed to apply).
+// follower reads the changelog of the partitions of one store file this
+// instance holds into the file's committer: one ordered consumer filtered
+// on their subjects, started again when the set changes, after failures,
+// and when the committer asks (after it failed to apply).
 type follower struct {
-	r   *Runner
-	c   *shard // whose partitions it reads
-	out chan followed
+	js     jetstream.JetStream
+	holds  *holding
+	logger *slog.Logger
+	// log is the file's changelog state, and mine tells which partitions
+	// are the file's.
+	log  *logState
+	mine func(p int) bool
+	out  chan followed
 	// gen counts the times the committer asked to read again (retry) or
 	// the set of partitions changed: what an earlier run sent and nobody
 	// read yet is stale then, and the committer drops it (taken after a
@@ -50,8 +58,8 @@ type followed struct {
 	gen uint64
 }
 
-func newFollower(c *shard) *follower {
-	return &follower{r: c.r, c: c, out: make(chan followed, 1024), floor: map[int]uint64{}}
+func newFollower(js jetstream.JetStream, holds *holding, logger *slog.Logger, log *logState, mine func(p int) bool) *follower {
+	return &follower{js: js, holds: holds, logger: logger, log: log, mine: mine, out: make(chan followed, 1024), floor: map[int]uint64{}}
 }
 
 // followPlan is one run: the partitions' subjects, where it starts, and
@@ -69,41 +77,37 @@ type followPlan struct {
 // the target was read (nothing of it lies between), else from after the
 // store's last record of it.
 func (f *follower) plan(ctx context.Context) (followPlan, error) {
-	r := f.r
-	gained, held := r.holds.take(f.c.mine)
+	gained, held := f.holds.take(f.mine)
 	f.mu.Lock()
 	started := f.started
 	f.mu.Unlock()
 	from := uint64(0)
 	if started {
-		from = f.c.log.safeCursor() + 1
+		from = f.log.safeCursor() + 1
 	}
 	if len(gained) > 0 {
 		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		s, err := r.JS.Stream(ictx, bus.StreamState)
+		s, err := f.js.Stream(ictx, bus.StreamState)
 		if err != nil {
-			r.holds.untake(gained)
+			f.holds.untake(gained)
 			return followPlan{}, fmt.Errorf("changelog info: %w", err)
 		}
 		end := s.CachedInfo().State.LastSeq
 		for i, p := range gained {
 			last, err := changelog.LastOf(ictx, s, p)
 			if err != nil {
-				r.holds.untake(gained[i:])
+				f.holds.untake(gained[i:])
 				return followPlan{}, err
 			}
-			applied := f.c.log.appliedOf(p)
-			current := last <= applied
-			start := end + 1
+			start, current := restoreFrom(last, f.log.appliedOf(p), end)
 			if !current {
-				start = applied + 1
 				f.mu.Lock()
 				f.floor[p] = start
 				f.mu.Unlock()
 			}
-			if r.holds.plan(p, last, current) {
-				r.Log.Debug("partition held", "partition", p, "changelog_last", last)
+			if f.holds.plan(p, last, current) {
+				f.logger.Debug("partition held", "partition", p, "changelog_last", last)
 			}
 			if from == 0 || start < from {
 				from = start
@@ -113,7 +117,7 @@ func (f *follower) plan(ctx context.Context) (followPlan, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.started = true
-	restoring := r.holds.restoring()
+	restoring := f.holds.restoring()
 	for p := range f.floor {
 		if !containsInt(restoring, p) {
 			delete(f.floor, p)
@@ -126,11 +130,23 @@ func (f *follower) plan(ctx context.Context) (followPlan, error) {
 	// instance's own (it owns every partition it holds, none restoring):
 	// a direct get per record of another writer costs a round trip, more
 	// than receiving this instance's own records back unread.
-	pl := followPlan{from: max(from, 1), headersOnly: len(restoring) == 0 && !r.holds.standing()}
+	pl := followPlan{from: max(from, 1), headersOnly: len(restoring) == 0 && !f.holds.standing()}
 	for _, p := range held {
 		pl.subjects = append(pl.subjects, bus.StateSubject(p))
 	}
 	return pl, nil
+}
+
+// restoreFrom is where a gained partition is followed from, given its last
+// changelog message, the last of its records the store applied, and the
+// log's end before last was read: when the store holds last already the
+// partition is current, and followed from after the end (nothing of it
+// lies between); otherwise from after its last record applied.
+func restoreFrom(last, applied, end uint64) (start uint64, current bool) {
+	if last <= applied {
+		return end + 1, true
+	}
+	return applied + 1, false
 }
 
 func containsInt(s []int, v int) bool {
@@ -177,7 +193,7 @@ func (f *follower) run(ctx context.Context) {
 					}
 				}
 			}()
-			err = changelog.FollowLive(fctx, f.r.JS, pl.subjects, pl.from, pl.headersOnly, f.c.log.has, items)
+			err = changelog.FollowLive(fctx, f.js, pl.subjects, pl.from, pl.headersOnly, f.log.has, items)
 			close(items)
 			<-forwarded // the next run's items come after this one's
 		}
@@ -202,7 +218,7 @@ func (f *follower) run(ctx context.Context) {
 			continue
 		}
 		wait := retry.Next()
-		f.r.Log.Warn("following the changelog failed; following again", "from", pl.from, "err", err, "retry_in", wait)
+		f.logger.Warn("following the changelog failed; following again", "from", pl.from, "err", err, "retry_in", wait)
 		select {
 		case <-ctx.Done():
 			return
@@ -235,3 +251,52 @@ func (f *follower) follow() {
 		f.cancel()
 	}
 }
+
+// Cursor is how far this instance has read the changelog (0 before Run):
+// the least of its files' cursors.
+func (r *Runner) Cursor() uint64 {
+	if r.nParts.Load() == 0 {
+		return 0
+	}
+	var cur uint64
+	for i, c := range r.committers {
+		if at := c.log.safeCursor(); i == 0 || at < cur {
+			cur = at
+		}
+	}
+	return cur
+}
+
+// Behind is how many partitions this instance holds whose last changelog
+// message it has not handled yet (0 when it holds none, or has caught up
+// with all).
+func (r *Runner) Behind(ctx context.Context) (int, error) {
+	if r.nParts.Load() == 0 {
+		return 0, nil
+	}
+	s, err := r.JS.Stream(ctx, bus.StreamState)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for p := range r.own.parts {
+		if !r.own.holds.isHeld(p) {
+			continue
+		}
+		last, err := changelog.LastOf(ctx, s, p)
+		if err != nil {
+			return 0, err
+		}
+		if err := r.logOf(p).waitSeen(doneCtx, p, last); err != nil {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// doneCtx is a context already done: waitSeen with it only checks.
+var doneCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()

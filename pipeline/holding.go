@@ -85,8 +85,8 @@ func (h *holding) update(held, owner []bool) holdChange {
 }
 
 // take hands a follower the gained partitions to plan, and every partition
-// held, of those that mine accepts (its shard's): the others stay pending
-// for their own follower.
+// held, of those that mine accepts (its store file's): the others stay
+// pending for their own follower.
 func (h *holding) take(mine func(p int) bool) (gained, held []int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

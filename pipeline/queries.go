@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
+	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/engine"
@@ -18,17 +20,54 @@ import (
 	"github.com/ctxpipe/ctxpipe/store"
 )
 
-// defaultWait is how long wait_for waits when the request names no timeout.
-const defaultWait = 10 * time.Second
+// queryServer answers the ctx.q.* queries (history, status, events, and
+// wait_for) and the dashboard's reads from this instance's files, for the
+// conversations of the partitions this instance pulls; any other it passes
+// on to the partition's owner (route.go). A list of conversations is
+// gathered from every instance (browse.go).
+type queryServer struct {
+	stores   *store.Set
+	profiles *Profiles
+	engine   *engine.Engine
+	// waiters learn of every commit (Runner.committed): wait_for.
+	waiters *waiters
+	// parts tells which partitions this instance answers for.
+	parts servedPartitions
+	js    jetstream.JetStream
+	// name is this instance's (Config.Name); maxReads and maxWaits bound
+	// the queries reading the store at once and the wait_for waits
+	// pending (Config.MaxQueryReads, MaxQueryWaits).
+	name               string
+	maxReads, maxWaits int
+	logger             *slog.Logger
+	metrics            *Metrics
+	// maxReply is the connection's max payload: a reply must fit (set by
+	// serve).
+	maxReply int
+	// owned serves the queries other instances pass on, for the
+	// partitions pulled (set by serve).
+	owned atomic.Pointer[owned]
+}
 
-// ServeQueries answers ctx.q.history and ctx.q.status from SQLite in the
+// servedPartitions is what the query server needs to know of the
+// partitions (ownership implements it).
+type servedPartitions interface {
+	// partitions is N, 0 while it is not known yet.
+	partitions() int
+	// answersHere tells whether this instance answers partition p's
+	// queries; answered lists the partitions it does.
+	answersHere(p int) bool
+	answered() []int
+}
+
+// serve answers ctx.q.history and ctx.q.status from SQLite in the
 // queue group, so each query is answered by one instance. Each request runs
 // in its own goroutine. Reading the store is bounded (at most
 // maxConcurrent at once); waiting for a wait_for input is not, so any
 // number of pending waits never delays a status or history read (the waits
 // themselves are capped at maxWaits). The returned func unsubscribes.
-func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error, error) {
-	maxConcurrent, maxWaits := r.cfg.MaxQueryReads, r.cfg.MaxQueryWaits
+func (q *queryServer) serve(ctx context.Context, nc *nats.Conn) (func() error, error) {
+	maxConcurrent, maxWaits := q.maxReads, q.maxWaits
 	reads := make(chan struct{}, maxConcurrent)
 	waits := make(chan struct{}, maxWaits)
 	// Every query in flight, waiting or reading: a flood beyond it is
@@ -38,13 +77,13 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 	// waits of a minute each) would have every other tenant's queries
 	// refused.
 	shares := newTenantShares(max((maxConcurrent+maxWaits)/4, 1))
-	r.maxReply = int(nc.MaxPayload())
+	q.maxReply = int(nc.MaxPayload())
 	handlers := map[schema.QueryVerb]func(context.Context, []byte) []byte{
-		schema.VerbHistory: r.History, schema.VerbStatus: r.Status, schema.VerbEvents: r.Events,
+		schema.VerbHistory: q.history, schema.VerbStatus: q.status, schema.VerbEvents: q.events,
 	}
 	// Asked only by other instances, on ctx.own (browse.go).
 	internal := map[schema.QueryVerb]func(context.Context, []byte) []byte{
-		verbConversation: r.conversationReply, verbMark: r.markReply,
+		verbConversation: q.conversationReply, verbMark: q.markReply,
 	}
 	// serve answers a query. tenantOf reads the tenant, verb and partition
 	// (own: passed on by another instance; -1 otherwise) from the subject.
@@ -57,8 +96,8 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 			// Defence in depth: a forged reply subject could make the
 			// service write into a stream, a bucket or another
 			// conversation's events. Nothing is sent.
-			r.Log.Warn("query refused: reply subject outside an inbox", "subject", m.Subject, "reply", m.Reply)
-			r.Metrics.Inc("ctxpipe_queries_refused_total", "")
+			q.logger.Warn("query refused: reply subject outside an inbox", "subject", m.Subject, "reply", m.Reply)
+			q.metrics.Inc("ctxpipe_queries_refused_total", "")
 			return
 		}
 		if h == nil || tenant != "" && !schema.ValidTenant(tenant) {
@@ -68,7 +107,7 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 			return
 		}
 		if !shares.take(tenant) {
-			r.Metrics.Inc("ctxpipe_queries_refused_total", "")
+			q.metrics.Inc("ctxpipe_queries_refused_total", "")
 			_ = m.Respond(schema.MarshalQueryError(schema.QueryTimeout, "too many queries in flight from this tenant; retry"))
 			return
 		}
@@ -76,16 +115,16 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 		case inflight <- struct{}{}:
 		default:
 			shares.give(tenant)
-			r.Metrics.Inc("ctxpipe_queries_refused_total", "")
+			q.metrics.Inc("ctxpipe_queries_refused_total", "")
 			_ = m.Respond(schema.MarshalQueryError(schema.QueryTimeout, "too many queries in flight; retry"))
 			return
 		}
 		go func() {
 			defer func() { <-inflight; shares.give(tenant) }()
 			var reply []byte
-			if rt, ok := routeOf(tenant, m.Data, r.Partitions()); ok && !own && !r.answersHere(rt.partition) {
+			if rt, ok := routeOf(tenant, m.Data, q.parts.partitions()); ok && !own && !q.parts.answersHere(rt.partition) {
 				// Another instance holds the conversation: its answer.
-				reply = r.forward(ctx, nc, ownSubject(rt.partition, tenant, verb), m.Data, rt.wait)
+				reply = q.forward(ctx, nc, ownSubject(rt.partition, tenant, verb), m.Data, rt.wait)
 			} else {
 				qctx := withQuerySlots(ctx, reads, waits)
 				if tenant != "" {
@@ -94,12 +133,12 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 				reply = h(qctx, m.Data)
 			}
 			if err := m.Respond(reply); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
-				r.Log.Warn("query reply failed", "subject", m.Subject, "err", err)
+				q.logger.Warn("query reply failed", "subject", m.Subject, "err", err)
 			}
 		}()
 	}
-	r.Metrics.Help("ctxpipe_queries_refused_total", "Queries refused: a reply subject outside an inbox prefix, or too many in flight.")
-	r.Metrics.Help("ctxpipe_queries_forwarded_total", "Queries passed on to the instances holding their conversation's partition.")
+	q.metrics.Help("ctxpipe_queries_refused_total", "Queries refused: a reply subject outside an inbox prefix, or too many in flight.")
+	q.metrics.Help("ctxpipe_queries_forwarded_total", "Queries passed on to the instances holding their conversation's partition.")
 	// Each query on the service's own subject (clients in its account) and
 	// on the tenants' (ctx.q.<tenant>.<verb>, mapped there by the server:
 	// the tenant comes from the subject, never from the body).
@@ -111,7 +150,7 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 		}
 		serve(m, tenant, verb, true)
 	}}
-	list, err := r.serveList(ctx, nc)
+	list, err := q.serveList(ctx, nc)
 	if err != nil {
 		return nil, err
 	}
@@ -135,8 +174,8 @@ func (r *Runner) ServeQueries(ctx context.Context, nc *nats.Conn) (func() error,
 			subs = append(subs, sub)
 		}
 	}
-	r.owned.Store(own)
-	r.syncOwned()
+	q.owned.Store(own)
+	q.syncOwned()
 	// Answer from the moment this returns: a client asking right after
 	// the start must not meet "no responders" because the server has not
 	// processed the subscriptions yet.
@@ -266,8 +305,8 @@ func decodeRequest[T any, PT interface {
 
 // notFound answers not_found when no conversation has key, as for one of
 // another tenant; nil when it exists.
-func (r *Runner) notFound(ctx context.Context, key, conv string) []byte {
-	_, found, err := r.Stores.ForKey(key).State(ctx, key)
+func (q *queryServer) notFound(ctx context.Context, key, conv string) []byte {
+	_, found, err := q.stores.ForKey(key).State(ctx, key)
 	switch {
 	case err != nil:
 		return queryError(err)
@@ -283,350 +322,4 @@ func queryError(err error) []byte {
 		return schema.MarshalQueryError(qe.Code, qe.Message)
 	}
 	return schema.MarshalQueryError(schema.QueryInternal, err.Error())
-}
-
-// History answers a ctx.q.history request.
-func (r *Runner) History(ctx context.Context, data []byte) []byte {
-	req, bad := decodeRequest[schema.HistoryRequest](data)
-	if bad != nil {
-		return bad
-	}
-	key := keyOf(ctx, req.ConversationID)
-	if req.WaitFor != "" {
-		if err := r.waitFor(ctx, key, req.WaitFor, req.Timeout(defaultWait)); err != nil {
-			return queryError(err)
-		}
-	}
-	defer readSlot(ctx)()
-	// The effective view reads only what no summary or marker hides:
-	// bounded by the context, not by the length of the whole history. An
-	// incremental read reads only what was appended.
-	h, err := r.Stores.ForKey(key).ReadHistory(ctx, key, req.View == schema.ViewEffective, req.After)
-	if err != nil {
-		return queryError(err)
-	}
-	var page historyPage
-	if h.Incremental {
-		var ok bool
-		if page.msgs, ok = appendedView(h, req.View); !ok {
-			// A tool result of the appended messages answers a call further
-			// back than the tail read: read it all.
-			if h, err = r.Stores.ForKey(key).ReadHistory(ctx, key, req.View == schema.ViewEffective, 0); err != nil {
-				return queryError(err)
-			}
-		}
-	}
-	msgs := h.Messages
-	if len(msgs) == 0 && h.Seq == 0 {
-		if bad := r.notFound(ctx, key, req.ConversationID); bad != nil {
-			return bad
-		}
-	}
-	if !h.Incremental {
-		out := msgs
-		if req.View == schema.ViewEffective {
-			out = engine.EffectiveHistory(msgs)
-		}
-		if page, err = pageOf(out, req, h.ResetSeq); err != nil {
-			return queryError(err)
-		}
-		page.reset = req.After > 0
-	}
-	page.seq = h.Seq
-	b, err := encodeHistory(req.ConversationID, req.View, page, stored(msgs, h.Bodies))
-	if err != nil {
-		return queryError(err)
-	}
-	if r.maxReply > 0 && len(b) > r.maxReply {
-		n := max(1, len(page.msgs)*r.maxReply/len(b)/2)
-		return queryError(schema.QueryErrorf(schema.QueryTooLarge,
-			"the reply is %d bytes (%d messages), over the %d-byte message limit: ask with \"limit\" (about %d fits) and follow next_cursor",
-			len(b), len(page.msgs), r.maxReply, n))
-	}
-	return b
-}
-
-// historyPage is the slice of a view one reply carries.
-type historyPage struct {
-	msgs  []schema.Message
-	total int    // messages in the whole view; 0 when not paged
-	next  string // cursor of the next page; "" at the end
-	seq   int64  // the conversation's change sequence
-	reset bool   // an incremental read got the whole view
-}
-
-// appendedView is the part of the view made of the messages an
-// incremental read found appended (those with bodies), which are its last
-// messages. In the effective view a tool result stays only if its call is in
-// an earlier effective message; ok is false when one of them answers a call
-// the read's tail does not hold, which only the whole history can settle.
-func appendedView(h store.History, view schema.View) (msgs []schema.Message, ok bool) {
-	out := h.Messages
-	if view == schema.ViewEffective {
-		calls := map[string]bool{}
-		for i := range h.Messages {
-			m := &h.Messages[i]
-			for _, b := range m.Content.Blocks {
-				switch {
-				case b.Type == schema.BlockToolUse && m.Role == schema.RoleAssistant:
-					calls[b.ID] = true
-				case b.Type == schema.BlockToolResult && h.Bodies[m.ID] != nil && !calls[b.ToolUseID]:
-					return nil, false
-				}
-			}
-		}
-		out = engine.EffectiveHistory(h.Messages)
-	}
-	i := len(out)
-	for i > 0 && h.Bodies[out[i-1].ID] != nil {
-		i--
-	}
-	return out[i:len(out):len(out)], true
-}
-
-// pageOf cuts the page a request asks for out of a view. A cursor is
-// "<offset>.<reset>.<id of the message before offset>", reset being the
-// conversation's reset seq when the page was read: a condense, truncation,
-// mask, pin or rewind in between moves it (and may retag the messages
-// before offset without moving any), an append does not. A cursor whose
-// reset or id no longer holds is refused, and the client reads again from
-// the start rather than getting a page that does not follow the last.
-func pageOf(view []schema.Message, req schema.HistoryRequest, reset int64) (historyPage, error) {
-	if req.Limit == 0 && req.Cursor == "" {
-		return historyPage{msgs: view}, nil
-	}
-	from := 0
-	if req.Cursor != "" {
-		off, rest, ok1 := strings.Cut(req.Cursor, ".")
-		at, id, ok2 := strings.Cut(rest, ".")
-		n, err1 := strconv.Atoi(off)
-		r, err2 := strconv.ParseInt(at, 10, 64)
-		if !ok1 || !ok2 || err1 != nil || err2 != nil || r != reset || n < 1 || n > len(view) || view[n-1].ID != id {
-			return historyPage{}, schema.QueryErrorf(schema.QueryBadRequest,
-				"cursor %q does not continue this history (it changed since, or the cursor is not ours): read again without a cursor", req.Cursor)
-		}
-		from = n
-	}
-	to := len(view)
-	if req.Limit > 0 {
-		to = min(to, from+req.Limit)
-	}
-	p := historyPage{msgs: view[from:to], total: len(view)}
-	if to < len(view) {
-		p.next = strconv.Itoa(to) + "." + strconv.FormatInt(reset, 10) + "." + view[to-1].ID
-	}
-	return p, nil
-}
-
-// storedBody is a message's body as stored, and how many blocks it had.
-type storedBody struct {
-	body   []byte
-	blocks int
-}
-
-// stored indexes the bodies that are exactly their message's JSON: those of
-// messages without parent tags (the store keeps the tags in columns).
-func stored(msgs []schema.Message, bodies map[string][]byte) map[string]storedBody {
-	out := make(map[string]storedBody, len(bodies))
-	for i := range msgs {
-		if b, ok := bodies[msgs[i].ID]; ok && msgs[i].CondenseParent == "" && msgs[i].TruncationParent == "" {
-			out[msgs[i].ID] = storedBody{b, len(msgs[i].Content.Blocks)}
-		}
-	}
-	return out
-}
-
-// encodeHistory writes the reply schema.Marshal(schema.HistoryReply{...})
-// would, but sends each untagged, unedited message's stored body as it is:
-// encoding a long history again on every read (agents read after nearly
-// every turn) was most of the service's CPU.
-func encodeHistory(conv string, view schema.View, page historyPage, bodies map[string]storedBody) ([]byte, error) {
-	msgs := page.msgs
-	head, err := schema.Marshal(schema.HistoryReply{ConversationID: conv, View: view, Messages: []schema.Message{}})
-	if err != nil {
-		return nil, err
-	}
-	size := len(head)
-	for _, m := range msgs {
-		size += len(bodies[m.ID].body) + 1
-	}
-	buf := make([]byte, 0, size+64)
-	buf = append(buf, head[:len(head)-2]...) // up to and including "messages":[
-	for i := range msgs {
-		if i > 0 {
-			buf = append(buf, ',')
-		}
-		// The effective history drops orphaned tool results: such a message
-		// has fewer blocks than its stored body and is encoded anew.
-		if sb, ok := bodies[msgs[i].ID]; ok && sb.blocks == len(msgs[i].Content.Blocks) && msgs[i].CondenseParent == "" && msgs[i].TruncationParent == "" {
-			buf = append(buf, sb.body...)
-			continue
-		}
-		b, err := schema.Marshal(&msgs[i])
-		if err != nil {
-			return nil, err
-		}
-		buf = append(buf, b...)
-	}
-	buf = append(buf, ']')
-	if page.total > 0 {
-		buf = append(buf, `,"total":`...)
-		buf = strconv.AppendInt(buf, int64(page.total), 10)
-	}
-	if page.next != "" {
-		buf = append(buf, `,"next_cursor":`...)
-		buf = strconv.AppendQuote(buf, page.next)
-	}
-	if page.seq != 0 {
-		buf = append(buf, `,"seq":`...)
-		buf = strconv.AppendInt(buf, page.seq, 10)
-	}
-	if page.reset {
-		buf = append(buf, `,"reset":true`...)
-	}
-	return append(buf, '}'), nil
-}
-
-// waitFor returns once input id of conversation conv is committed, or an
-// error on timeout or when the input was rejected. An id committed in
-// another conversation does not count: an agent is never told its turn is
-// there when it is not. The wait holds no store-read slot.
-func (r *Runner) waitFor(ctx context.Context, conv, id string, timeout time.Duration) error {
-	answer := func(status store.Status, reason string) error {
-		if status == store.StatusRejected {
-			return schema.QueryErrorf(schema.QueryInputRejected, "input %s was rejected: %s", id, reason)
-		}
-		return nil
-	}
-	check := func() (bool, error) {
-		defer readSlot(ctx)()
-		status, reason, found, err := r.Stores.ForKey(conv).InputStatusIn(ctx, conv, id)
-		if err != nil || !found {
-			return false, err
-		}
-		return true, answer(status, reason)
-	}
-	release, ok := waitSlot(ctx)
-	if !ok {
-		// No room to wait: answer only what the store holds already.
-		if ok, err := check(); ok || err != nil {
-			return err
-		}
-		return schema.QueryErrorf(schema.QueryTimeout, "too many waits pending; input %s was not awaited", id)
-	}
-	defer release()
-	// Registered before the store is read, so a commit landing in between
-	// is not missed; the store is read once, for an input committed before
-	// this request came.
-	ch, cancel := r.waiters.wait(id)
-	defer func() { cancel() }()
-	if ok, err := check(); ok || err != nil {
-		return err
-	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	for {
-		select {
-		case o := <-ch:
-			switch {
-			case o.known && o.conv == conv:
-				return answer(o.status, o.reason)
-			case !o.known:
-				// A redelivery found stored already: the store says where.
-				if ok, err := check(); ok || err != nil {
-					return err
-				}
-			}
-			// The id was committed elsewhere (another conversation's input
-			// reusing it is rejected there): keep waiting for ours.
-			cancel()
-			ch, cancel = r.waiters.wait(id)
-			if ok, err := check(); ok || err != nil {
-				return err
-			}
-		case <-t.C:
-			return schema.QueryErrorf(schema.QueryTimeout, "input %s was not applied within %v", id, timeout)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// Status answers a ctx.q.status request.
-func (r *Runner) Status(ctx context.Context, data []byte) []byte {
-	req, bad := decodeRequest[schema.StatusRequest](data)
-	if bad != nil {
-		return bad
-	}
-	defer readSlot(ctx)()
-	key := keyOf(ctx, req.ConversationID)
-	st, found, err := r.Stores.ForKey(key).State(ctx, key)
-	if err != nil {
-		return queryError(err)
-	}
-	if !found {
-		return queryError(schema.QueryErrorf(schema.QueryNotFound, "no conversation %q", req.ConversationID))
-	}
-	stored, hidden, err := r.Stores.ForKey(key).HiddenCount(ctx, key)
-	if err != nil {
-		return queryError(err)
-	}
-	reply := schema.StatusReply{
-		ConversationID: req.ConversationID,
-		ProfileID:      st.ProfileID,
-		ContextTokens:  st.ContextTokens,
-		Messages:       stored,
-		HiddenMessages: hidden,
-		Condensations:  st.Condensations,
-		Truncations:    st.Truncations,
-	}
-	if p, ok := r.Profiles.Get(st.ProfileID); ok {
-		reply.ContextWindow = p.ContextWindow
-		reply.AllowedTokens = int(engine.AllowedTokens(&p))
-		reply.Threshold, _ = p.Threshold(r.Engine.Globals.AutoCondensePercent)
-		if p.ContextWindow > 0 {
-			reply.Percent = float64(int(10000*float64(st.ContextTokens)/float64(p.ContextWindow))) / 100
-		}
-	}
-	b, err := schema.Marshal(reply)
-	if err != nil {
-		return queryError(err)
-	}
-	return b
-}
-
-// Events answers a ctx.q.events request: a conversation's events as
-// committed, paged, so a UI or rewind consumer in a tenant account can
-// replay them (it cannot read CTX_EVENTS, which lives in the service's
-// account).
-func (r *Runner) Events(ctx context.Context, data []byte) []byte {
-	req, bad := decodeRequest[schema.EventsRequest](data)
-	if bad != nil {
-		return bad
-	}
-	defer readSlot(ctx)()
-	key := keyOf(ctx, req.ConversationID)
-	bodies, more, err := r.Stores.ForKey(key).EventBodies(ctx, key, req.After, req.Limit)
-	if err != nil {
-		return queryError(err)
-	}
-	if len(bodies) == 0 && req.After == 0 {
-		if bad := r.notFound(ctx, key, req.ConversationID); bad != nil {
-			return bad
-		}
-	}
-	rep := schema.EventsReply{ConversationID: req.ConversationID, Events: make([]json.RawMessage, len(bodies)), Next: req.After + len(bodies), More: more}
-	size := 0
-	for i, b := range bodies {
-		rep.Events[i] = b
-		size += len(b)
-	}
-	if r.maxReply > 0 && size > r.maxReply-1024 {
-		return queryError(schema.QueryErrorf(schema.QueryTooLarge, "%d events are %d bytes, over the %d-byte message limit: ask with a smaller limit", len(bodies), size, r.maxReply))
-	}
-	b, err := schema.Marshal(rep)
-	if err != nil {
-		return queryError(err)
-	}
-	return b
 }

@@ -81,25 +81,14 @@ func routeOf(tenant string, data []byte, partitions int) (queryRoute, bool) {
 	return rt, true
 }
 
-// answersHere tells whether this instance answers queries of partition p
-// itself: it owns the partition (pulls it, restored), so that what it
-// answers is what the partition's inputs made, not a standby's copy a few
-// records behind (an agent reading right after its wait_for would see its
-// turn go missing). Before it has read N, and for a partition it does not
-// know, the local answer is as good as any.
-func (r *Runner) answersHere(p int) bool {
-	n := int(r.nParts.Load())
-	return n == 0 || p < 0 || p > n || r.parts[p].want.Load()
-}
-
 // forwardWithin bounds how long a query is retried while no instance serves
 // its partition (the owner died and the next has not restored it yet).
 const forwardWithin = 5 * time.Second
 
 // forward passes a query on to the holders of its partition and returns
 // their answer.
-func (r *Runner) forward(ctx context.Context, nc *nats.Conn, subject string, data []byte, wait time.Duration) []byte {
-	r.Metrics.Inc("ctxpipe_queries_forwarded_total", "")
+func (q *queryServer) forward(ctx context.Context, nc *nats.Conn, subject string, data []byte, wait time.Duration) []byte {
+	q.metrics.Inc("ctxpipe_queries_forwarded_total", "")
 	until := time.Now().Add(forwardWithin)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, wait+forwardWithin)
@@ -171,10 +160,10 @@ func (o *owned) stop() error {
 
 // syncOwned brings the ctx.own subscriptions in line with the partitions
 // owned.
-func (r *Runner) syncOwned() {
-	o := r.owned.Load()
-	if o == nil || r.nParts.Load() == 0 {
+func (q *queryServer) syncOwned() {
+	o, n := q.owned.Load(), q.parts.partitions()
+	if o == nil || n == 0 {
 		return
 	}
-	o.sync(func(p int) bool { return r.parts[p].want.Load() }, len(r.parts), r.Log.Warn)
+	o.sync(q.parts.answersHere, n+1, q.logger.Warn)
 }

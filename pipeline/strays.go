@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 // which the partition transform skips. They would sit in the stream, neither
 // applied nor rejected.
 //
-// Every StrayInterval (and at the start) the runner lists the stream's
+// Every StrayInterval (and at the start) the sweeper lists the stream's
 // subjects of the shape strays have (bus.StraySubjects), which holds
 // nothing else: in steady state the listing is empty and costs the server
 // one walk of its subject index, and no input pays anything. Each stray
@@ -37,10 +38,23 @@ import (
 // publish, and which only a listing of every shared subject would find.
 // nats.conf refuses it to every user; bus.PublishInput refuses it too.
 
-// sweepStrays looks for strays at once and then every StrayInterval until
-// ctx is done.
-func (r *Runner) sweepStrays(ctx context.Context) {
-	r.Metrics.Help("ctxpipe_inputs_stray_total", "Inputs CTX_IN stored where no partition's consumer reads them (a subject token that is a literal wildcard), found and given to the workers to be rejected.")
+// straySweeper finds the strays and hands each to the workers.
+type straySweeper struct {
+	js         jetstream.JetStream
+	partitions int           // N
+	every      time.Duration // Config.StrayInterval
+	own        *ownership
+	// queue hands a stray, as a fetched input of partition p, to the
+	// workers (Runner's hold and push).
+	queue   func(j *job)
+	logger  *slog.Logger
+	metrics *Metrics
+}
+
+// run looks for strays at once and then every StrayInterval until ctx is
+// done.
+func (w *straySweeper) run(ctx context.Context) {
+	w.metrics.Help("ctxpipe_inputs_stray_total", "Inputs CTX_IN stored where no partition's consumer reads them (a subject token that is a literal wildcard), found and given to the workers to be rejected.")
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -49,20 +63,20 @@ func (r *Runner) sweepStrays(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if err := r.sweep(ctx); err != nil && ctx.Err() == nil {
-			r.Log.Warn("looking for stray inputs failed; looking again later", "err", err, "retry_in", r.cfg.StrayInterval)
+		if err := w.sweep(ctx); err != nil && ctx.Err() == nil {
+			w.logger.Warn("looking for stray inputs failed; looking again later", "err", err, "retry_in", w.every)
 		}
-		t.Reset(r.cfg.StrayInterval)
+		t.Reset(w.every)
 	}
 }
 
 // sweep finds the strays CTX_IN holds now and has each rejected.
-func (r *Runner) sweep(ctx context.Context) error {
-	if r.strayPartition() < 0 {
+func (w *straySweeper) sweep(ctx context.Context) error {
+	if w.own.strayPartition() < 0 {
 		return nil // this instance pulls no partition now: the others look
 	}
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	s, err := r.JS.Stream(lctx, bus.StreamIn)
+	s, err := w.js.Stream(lctx, bus.StreamIn)
 	var info *jetstream.StreamInfo
 	if err == nil {
 		info, err = s.Info(lctx, jetstream.WithSubjectFilter(bus.StraySubjects))
@@ -73,13 +87,13 @@ func (r *Runner) sweep(ctx context.Context) error {
 	}
 	filters := map[string]bool{}
 	for subj := range info.State.Subjects {
-		if !bus.Reached(subj, r.partitions) {
+		if !bus.Reached(subj, w.partitions) {
 			filters[bus.StrayFilter(subj)] = true
 		}
 	}
 	done := map[uint64]bool{} // two filters may deliver one stray
 	for f := range filters {
-		if err := r.sweepFilter(ctx, s, f, done); err != nil {
+		if err := w.sweepFilter(ctx, s, f, done); err != nil {
 			return err
 		}
 	}
@@ -90,8 +104,8 @@ func (r *Runner) sweep(ctx context.Context) error {
 // each stray among it rejected. The filter may deliver inputs a partition
 // reads too (ctx.in.acme.> holds the shared conversation acme's inputs):
 // those are left alone.
-func (r *Runner) sweepFilter(ctx context.Context, s jetstream.Stream, filter string, done map[uint64]bool) error {
-	oc, err := r.JS.OrderedConsumer(ctx, bus.StreamIn, jetstream.OrderedConsumerConfig{
+func (w *straySweeper) sweepFilter(ctx context.Context, s jetstream.Stream, filter string, done map[uint64]bool) error {
+	oc, err := w.js.OrderedConsumer(ctx, bus.StreamIn, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{filter},
 		HeadersOnly:    true,
 		// Gone from the server soon after the last read.
@@ -118,11 +132,11 @@ func (r *Runner) sweepFilter(ctx context.Context, s jetstream.Stream, filter str
 			return fmt.Errorf("read %s: %w", filter, err)
 		}
 		seq := md.Sequence.Stream
-		if done[seq] || bus.Reached(msg.Subject(), r.partitions) {
+		if done[seq] || bus.Reached(msg.Subject(), w.partitions) {
 			continue
 		}
 		done[seq] = true
-		if err := r.stray(ctx, s, msg.Subject(), seq); err != nil {
+		if err := w.stray(ctx, s, msg.Subject(), seq); err != nil {
 			return err
 		}
 	}
@@ -131,7 +145,7 @@ func (r *Runner) sweepFilter(ctx context.Context, s jetstream.Stream, filter str
 
 // stray has the input stored at seq rejected, and then deletes it from the
 // stream.
-func (r *Runner) stray(ctx context.Context, s jetstream.Stream, subject string, seq uint64) error {
+func (w *straySweeper) stray(ctx context.Context, s jetstream.Stream, subject string, seq uint64) error {
 	raw, err := s.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil // deleted meanwhile (another instance), or aged out
@@ -139,23 +153,22 @@ func (r *Runner) stray(ctx context.Context, s jetstream.Stream, subject string, 
 	if err != nil {
 		return fmt.Errorf("stray %s at %d: %w", subject, seq, err)
 	}
-	r.Log.Warn("an input no partition reads; rejecting it", "subject", subject, "seq", seq)
-	r.Metrics.Inc("ctxpipe_inputs_stray_total", "")
+	w.logger.Warn("an input no partition reads; rejecting it", "subject", subject, "seq", seq)
+	w.metrics.Inc("ctxpipe_inputs_stray_total", "")
 	m := &strayMsg{raw: raw, done: make(chan bool, 1)}
 	// Queued under no conversation, whatever its subject names (a '*' kind
 	// leaves a valid one): a worker's batch is one conversation's and is
 	// committed to its first input's partition, and a conversation's real
 	// inputs must stay in theirs. Its rejection is filed under its
 	// tenant's _invalid conversation.
-	p := r.strayPartition()
+	p := w.own.strayPartition()
 	if p < 0 {
 		return fmt.Errorf("stray %s at %d: this instance pulls no partition now", subject, seq)
 	}
 	now := time.Now()
 	j := &job{msg: m, partition: p, subject: raw.Subject, seq: seq, deliver: 1,
 		touched: now, stored: raw.Time, fetched: now}
-	r.hold(j)
-	r.sched.push(j)
+	w.queue(j)
 	select {
 	case committed := <-m.done:
 		if !committed {
@@ -169,28 +182,6 @@ func (r *Runner) stray(ctx context.Context, s jetstream.Stream, subject string, 
 		return fmt.Errorf("delete stray %s at %d: %w", subject, seq, err)
 	}
 	return nil
-}
-
-// strayPartition is the partition a stray's rejection is committed to, or
-// -1. A stray belongs to none: any partition this instance pulls (so holds
-// and follows) takes it, one it holds the pin of first, where no other
-// writer's appends race it.
-func (r *Runner) strayPartition() int {
-	first := -1
-	for p := range r.parts {
-		if !r.parts[p].want.Load() {
-			continue
-		}
-		owning := false
-		r.parts[p].set(func(s *partState) { owning = s.owning })
-		if owning {
-			return p
-		}
-		if first < 0 {
-			first = p
-		}
-	}
-	return first
 }
 
 // strayMsg is a stray as the workers see it: the message as the stream
