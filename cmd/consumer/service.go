@@ -129,8 +129,15 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	m.cancel = cancel
-	profiles, err := pipeline.WatchProfiles(runCtx, kv, log, m.nc.StatusChanged(nats.CONNECTED))
-	if err != nil {
+	// The watch lives as long as the service (runCtx); its start is
+	// retried like the steps before, since an instance restarted while a
+	// node comes back may find the bucket without a leader for a while.
+	reconnected := m.nc.StatusChanged(nats.CONNECTED)
+	var profiles *pipeline.Profiles
+	if err := bus.RetryStart(ctx, log, "watch the profiles", func(context.Context) (err error) {
+		profiles, err = pipeline.WatchProfiles(runCtx, kv, log, reconnected)
+		return err
+	}); err != nil {
 		return err
 	}
 	members, err := m.lock(ctx, js, runCtx)
