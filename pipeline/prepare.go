@@ -299,10 +299,9 @@ func (v *convView) Messages(ctx context.Context) ([]schema.Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, ch := range v.pending {
-		msgs = engine.Apply(msgs, ch)
-	}
-	return msgs, nil
+	// One copy of the history for all the batch's changes so far, not one
+	// per change.
+	return engine.Apply(msgs, v.pending...), nil
 }
 
 func (v *convView) ContextEvents(ctx context.Context) ([]schema.ContextEventRef, error) {
