@@ -253,15 +253,30 @@ func (f *follower) follow() {
 }
 
 // Cursor is how far this instance has read the changelog (0 before Run):
-// the least of its files' cursors.
+// the least cursor of its files that hold a partition now. A file holding
+// none follows nothing, and its cursor stands still where it was.
 func (r *Runner) Cursor() uint64 {
 	if r.nParts.Load() == 0 {
 		return 0
 	}
-	var cur uint64
+	logs := make([]*logState, len(r.committers))
 	for i, c := range r.committers {
-		if at := c.log.safeCursor(); i == 0 || at < cur {
-			cur = at
+		logs[i] = c.log
+	}
+	return leastCursor(logs)
+}
+
+// leastCursor is the least cursor of the logs that hold a partition (0
+// when none does).
+func leastCursor(logs []*logState) uint64 {
+	var cur uint64
+	first := true
+	for _, ls := range logs {
+		if !ls.holdsAny() {
+			continue
+		}
+		if at := ls.safeCursor(); first || at < cur {
+			cur, first = at, false
 		}
 	}
 	return cur

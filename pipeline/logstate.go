@@ -220,3 +220,13 @@ func (ls *logState) appendDone(seqs map[int]uint64) {
 		}
 	}
 }
+
+// holdsAny tells whether the file follows any partition now.
+func (ls *logState) holdsAny() bool {
+	for p := range ls.applied {
+		if ls.held(p) {
+			return true
+		}
+	}
+	return false
+}

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 )
@@ -152,5 +153,31 @@ func TestLogStateWaitSeen(t *testing.T) {
 	ls.setSeen(0, 6)
 	if err := <-errs; err != nil {
 		t.Errorf("waitSeen(6) after 6 was handled: %v", err)
+	}
+}
+
+// The instance's cursor is the least of its files' cursors, leaving out the
+// files that hold no partition now: theirs stands still.
+func TestLeastCursorLeavesOutFilesHoldingNothing(t *testing.T) {
+	file := func(cursor uint64, held ...int) *logState {
+		ls := newLogState(4, nil, cursor)
+		ls.held = func(p int) bool { return slices.Contains(held, p) }
+		return ls
+	}
+	for _, tt := range []struct {
+		name string
+		logs []*logState
+		want uint64
+	}{
+		{"one file", []*logState{file(7, 0, 1)}, 7},
+		{"the least of the holding files", []*logState{file(90, 0), file(40, 2)}, 40},
+		{"a file holding nothing is left out", []*logState{file(5), file(120, 3)}, 120},
+		{"no file holds anything", []*logState{file(5), file(9)}, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := leastCursor(tt.logs); got != tt.want {
+				t.Fatalf("leastCursor = %d, want %d", got, tt.want)
+			}
+		})
 	}
 }
