@@ -155,12 +155,7 @@ func (h *Dashboard) conversation(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	live := h.live(ctx)
 	v, err := h.d.Source.Conversation(ctx, key)
-	if errors.Is(err, pipeline.ErrNoConversation) {
-		h.fail(w, http.StatusNotFound, fmt.Errorf("no conversation %q", key))
-		return
-	}
-	if err != nil {
-		h.fail(w, http.StatusInternalServerError, err)
+	if h.failedLookup(w, key, err) {
 		return
 	}
 	events := make([]schema.Event, 0, len(v.Events))
@@ -176,6 +171,21 @@ func (h *Dashboard) conversation(w http.ResponseWriter, r *http.Request) {
 	rep := convReply{Live: live, Row: h.row(key, v.State, len(v.Messages), hidden, v.UpdatedAt),
 		History: items, Events: v.Events, Series: Series(v.Messages, events)}
 	writeJSON(w, http.StatusOK, rep)
+}
+
+// failedLookup answers a failed read of conversation key: 404 when there
+// is no such conversation, 500 for any other failure. It tells whether it
+// answered.
+func (h *Dashboard) failedLookup(w http.ResponseWriter, key string, err error) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, pipeline.ErrNoConversation):
+		h.fail(w, http.StatusNotFound, fmt.Errorf("no conversation %q", key))
+	default:
+		h.fail(w, http.StatusInternalServerError, err)
+	}
+	return true
 }
 
 // controlRequest is the body of a control POST; a condense needs none.
@@ -215,12 +225,7 @@ func (h *Dashboard) control(kind schema.InputKind) http.HandlerFunc {
 			return
 		}
 		_, err := h.d.Source.ConversationMark(r.Context(), key)
-		if errors.Is(err, pipeline.ErrNoConversation) {
-			h.fail(w, http.StatusNotFound, fmt.Errorf("no conversation %q", key))
-			return
-		}
-		if err != nil {
-			h.fail(w, http.StatusInternalServerError, err)
+		if h.failedLookup(w, key, err) {
 			return
 		}
 		_, conv := schema.SplitKey(key)

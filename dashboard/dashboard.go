@@ -56,18 +56,11 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/pipeline"
 	"github.com/ctxpipe/ctxpipe/schema"
-	"github.com/ctxpipe/ctxpipe/store"
 )
 
-// Reader is what the dashboard reads of the store.
-type Reader interface {
-	ConversationInfos(ctx context.Context) ([]store.ConversationInfo, error)
-	InputMark(ctx context.Context) (int64, error)
-	Load(ctx context.Context, key string) (store.Snapshot, error)
-	UpdatedAt(ctx context.Context, key string) (int64, bool, error)
-	Events(ctx context.Context, key string) ([]schema.Event, error)
-	State(ctx context.Context, key string) (schema.ConversationState, bool, error)
-}
+// Reader is what the dashboard reads of the store: what the pipeline's
+// readers of conversations read.
+type Reader = pipeline.ConversationReader
 
 //go:embed static
 var staticFiles embed.FS
