@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -78,6 +77,15 @@ func Rebuild(ctx context.Context, js jetstream.JetStream, st *store.Store, opts 
 			}
 			last = max(last, m.Sequence)
 		}
+	}
+	if opts.UpTo != nil {
+		// Nothing past the last position named is applied: the read
+		// stops there.
+		var upTo uint64
+		for _, seq := range opts.UpTo {
+			upTo = max(upTo, seq)
+		}
+		last = min(last, upTo)
 	}
 	if last == 0 {
 		stats.Took = time.Since(t0)
@@ -174,60 +182,4 @@ func Rebuild(ctx context.Context, js jetstream.JetStream, st *store.Store, opts 
 	}
 	stats.Took = time.Since(t0)
 	return stats, nil
-}
-
-// RebuildSet rebuilds every file of set, which should be new, from the
-// partitions it holds (store.Set.FileOf), all files at once: each file
-// follows its partitions' subjects alone and has its own writer, so the
-// files' SQLite work runs in parallel. The stats are the files' summed,
-// Took the whole rebuild's; opts.Progress is not called.
-func RebuildSet(ctx context.Context, js jetstream.JetStream, set *store.Set, opts RebuildOptions) (RebuildStats, error) {
-	t0 := time.Now()
-	s, err := js.Stream(ctx, bus.StreamState)
-	if err != nil {
-		return RebuildStats{}, fmt.Errorf("rebuild: %w", err)
-	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(bus.StateSubjects))
-	if err != nil {
-		return RebuildStats{}, fmt.Errorf("rebuild: %w", err)
-	}
-	parts := make([][]int, set.Len())
-	for i := range parts {
-		parts[i] = []int{} // not nil: a file with no partition reads none
-	}
-	for subject := range info.State.Subjects {
-		if p, ok := bus.PartitionOfState(subject); ok {
-			parts[set.FileOf(p)] = append(parts[set.FileOf(p)], p)
-		}
-	}
-	opts.Progress = nil
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		wg    sync.WaitGroup
-		stats = make([]RebuildStats, set.Len())
-		errs  = make([]error, set.Len())
-	)
-	for i := range parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			o := opts
-			o.Partitions = parts[i]
-			if stats[i], errs[i] = Rebuild(rctx, js, set.File(i), o); errs[i] != nil {
-				errs[i] = fmt.Errorf("file %d: %w", i, errs[i])
-				cancel()
-			}
-		}()
-	}
-	wg.Wait()
-	var total RebuildStats
-	for _, st := range stats {
-		total.Messages += st.Messages
-		total.Records += st.Records
-		total.Entries += st.Entries
-		total.Skipped += st.Skipped
-	}
-	total.Took = time.Since(t0)
-	return total, errors.Join(errs...)
 }
