@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -65,17 +66,11 @@ func Rebuild(ctx context.Context, js jetstream.JetStream, st *store.Store, opts 
 	var subjects []string
 	if opts.Partitions != nil {
 		// The last message of the partitions read is where it ends.
-		last = 0
 		for _, p := range opts.Partitions {
 			subjects = append(subjects, bus.StateSubject(p))
-			m, err := s.GetLastMsgForSubject(ctx, bus.StateSubject(p))
-			if errors.Is(err, jetstream.ErrMsgNotFound) {
-				continue
-			}
-			if err != nil {
-				return stats, fmt.Errorf("rebuild: last message of partition %d: %w", p, err)
-			}
-			last = max(last, m.Sequence)
+		}
+		if last, err = lastOfAll(ctx, s, opts.Partitions); err != nil {
+			return stats, fmt.Errorf("rebuild: %w", err)
 		}
 	}
 	if opts.UpTo != nil {
@@ -182,4 +177,25 @@ func Rebuild(ctx context.Context, js jetstream.JetStream, st *store.Store, opts 
 	}
 	stats.Took = time.Since(t0)
 	return stats, nil
+}
+
+// lastOfAll is the sequence of the last message of any of the partitions
+// in s, 0 when they have none. The partitions are asked all at once: one
+// after the other, a file of 16 partitions waited 10 ms for them.
+func lastOfAll(ctx context.Context, s jetstream.Stream, partitions []int) (uint64, error) {
+	lasts := make([]uint64, len(partitions))
+	errs := make([]error, len(partitions))
+	var wg sync.WaitGroup
+	for i, p := range partitions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lasts[i], errs[i] = LastOf(ctx, s, p)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	return slices.Max(append(lasts, 0)), nil
 }

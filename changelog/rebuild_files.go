@@ -102,6 +102,10 @@ func RebuildSet(ctx context.Context, js jetstream.JetStream, set *store.Set, opt
 		f := &files[set.FileOf(p)].Options
 		f.Partitions = append(f.Partitions, p)
 	}
+	if len(files) == 1 {
+		// Its partitions are all of them: the whole stream is read.
+		files[0].Options.Partitions = nil
+	}
 	stats, err := RebuildFiles(ctx, js, files)
 	total := SumStats(stats)
 	total.Took = time.Since(t0)
