@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
@@ -133,6 +134,11 @@ func TestAppendAllWithoutAtomicPublish(t *testing.T) {
 	js, _ := jetstream.New(nc)
 	s, err := js.Stream(ctx, bus.StreamIn)
 	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := svc.WaitConsuming(wctx); err != nil {
 		t.Fatal(err)
 	}
 	cfg := s.CachedInfo().Config

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -72,6 +73,11 @@ func TestNewTurnsInPartWithoutAtomicBatches(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := h.svc.WaitConsuming(wctx); err != nil {
+		t.Fatal(err)
+	}
 	s, err := js.Stream(ctx, bus.StreamIn)
 	if err != nil {
 		t.Fatal(err)

@@ -254,6 +254,32 @@ func New(t testing.TB, opts ...Option) *Service {
 	return s
 }
 
+// WaitConsuming returns once the service has made all its partitions'
+// consumers on CTX_IN (it makes them as it starts, after Start returns). A
+// test that changes CTX_IN's configuration waits for this first:
+// nats-server races a stream update with a consumer being made on it.
+func (s *Service) WaitConsuming(ctx context.Context) error {
+	js, err := jetstream.New(s.nc)
+	if err != nil {
+		return fmt.Errorf("clienttest: %w", err)
+	}
+	for {
+		st, err := js.Stream(ctx, bus.StreamIn)
+		if err != nil {
+			return fmt.Errorf("clienttest: %w", err)
+		}
+		want := bus.PartitionsOf(st.CachedInfo().Config) + 1 // and the shared one
+		if st.CachedInfo().State.Consumers >= want {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("clienttest: %d of %d partition consumers on %s: %w", st.CachedInfo().State.Consumers, want, bus.StreamIn, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // Flush returns once every event committed so far is published, so that a
 // test that reads them afterwards misses none.
 func (s *Service) Flush(ctx context.Context) error { return s.relay.Flush(ctx) }
