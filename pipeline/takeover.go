@@ -178,10 +178,9 @@ func readRangeOnce(ctx context.Context, js jetstream.JetStream, filter string, f
 	defer it.Stop()
 	// drained is set when the consumer said nothing more is pending short
 	// of to. A consumer made on a replica still catching up with the stream
-	// (after a node loss) says so early, and delivers the rest only as its
-	// replica gets it: the try waits endWait for more, then fails, and the
-	// next try reads on with a new consumer. The read ends only at to (an
-	// input the partition's consumer delivered, which CTX_IN keeps).
+	// (after a node loss) says so early, and delivers the rest as its
+	// replica gets it: the read ends only at to, or when nothing more came
+	// for endWait after drained (to, or what lies before it, aged out).
 	drained := false
 	for {
 		nctx, cancel := ctx, context.CancelFunc(func() {})
@@ -192,7 +191,7 @@ func readRangeOnce(ctx context.Context, js jetstream.JetStream, filter string, f
 		cancel()
 		if err != nil {
 			if drained && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-				err = fmt.Errorf("%w: nothing past %d for %v, reading up to %d", errShortRead, next-1, endWait, to)
+				return n, next, true, nil
 			}
 			return n, next, false, fmt.Errorf("read unacked inputs: %w", err)
 		}
@@ -212,12 +211,8 @@ func readRangeOnce(ctx context.Context, js jetstream.JetStream, filter string, f
 	}
 }
 
-// errShortRead ends a try whose consumer had nothing more short of the last
-// input to read.
-var errShortRead = errors.New("the consumer holds nothing more")
-
-// endWait is how long a try of a read of unacked inputs waits for more
-// once its consumer said nothing is pending short of the last one.
+// endWait is how long a read of unacked inputs waits for more once its
+// consumer said nothing is pending short of the last one.
 const endWait = 2 * time.Second
 
 // replayed is an input read from the stream again rather than delivered by
