@@ -111,39 +111,3 @@ func TestReadRangeGoesOnWhenItsNodeDies(t *testing.T) {
 		return
 	}
 }
-
-// A read whose last input is gone from the stream (aged out) ends once
-// nothing more comes after its consumer said nothing is pending, with what
-// the stream held: it neither fails nor waits for the input that is gone.
-func TestReadRangeEndsShortOfAnInputThatIsGone(t *testing.T) {
-	ctx := context.Background()
-	_, url := natstest.Run(t)
-	js, err := jetstream.New(natstest.Connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const partitions = 4
-	if err := bus.EnsureStreams(ctx, js, bus.WithPartitions(partitions)); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 10 {
-		if _, err := js.Publish(ctx, "ctx.in.c1.turn", []byte(fmt.Sprint(i))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var got []uint64
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	t0 := time.Now()
-	n, err := readRange(rctx, js, bus.PartitionFilter(partitions, partitions), 1, 15, time.Second,
-		func(msg jetstream.Msg) {
-			md, _ := msg.Metadata()
-			got = append(got, md.Sequence.Stream)
-		}, nil)
-	if err != nil || n != 10 || len(got) != 10 || got[9] != 10 {
-		t.Fatalf("read %d inputs %v: %v; want the 10 the stream holds", n, got, err)
-	}
-	if took := time.Since(t0); took > endWait+5*time.Second {
-		t.Fatalf("the read took %v", took)
-	}
-}

@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -176,23 +175,9 @@ func readRangeOnce(ctx context.Context, js jetstream.JetStream, filter string, f
 		return 0, next, false, fmt.Errorf("read unacked inputs: %w", err)
 	}
 	defer it.Stop()
-	// drained is set when the consumer said nothing more is pending short
-	// of to. A consumer made on a replica still catching up with the stream
-	// (after a node loss) says so early, and delivers the rest as its
-	// replica gets it: the read ends only at to, or when nothing more came
-	// for endWait after drained (to, or what lies before it, aged out).
-	drained := false
 	for {
-		nctx, cancel := ctx, context.CancelFunc(func() {})
-		if drained {
-			nctx, cancel = context.WithTimeout(ctx, endWait)
-		}
-		msg, err := it.Next(jetstream.NextContext(nctx))
-		cancel()
+		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			if drained && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-				return n, next, true, nil
-			}
 			return n, next, false, fmt.Errorf("read unacked inputs: %w", err)
 		}
 		md, err := msg.Metadata()
@@ -204,16 +189,11 @@ func readRangeOnce(ctx context.Context, js jetstream.JetStream, filter string, f
 		}
 		each(msg)
 		n, next = n+1, md.Sequence.Stream+1
-		if md.Sequence.Stream == to {
+		if md.Sequence.Stream == to || md.NumPending == 0 {
 			return n, next, true, nil
 		}
-		drained = md.NumPending == 0
 	}
 }
-
-// endWait is how long a read of unacked inputs waits for more once its
-// consumer said nothing is pending short of the last one.
-const endWait = 2 * time.Second
 
 // replayed is an input read from the stream again rather than delivered by
 // the partition's consumer: its acks do nothing (the delivered copy is acked
