@@ -422,11 +422,7 @@ func (r *Runner) skipReplayed(batch []*job) []*job {
 	kept := batch[:0]
 	for _, j := range batch {
 		if _, again := j.msg.(replayed); !again && j.seq != 0 && r.replays.take(j.partition, j.seq) {
-			// Counted as any duplicate is, in every stage (prepared and
-			// committed in no time).
-			now := time.Now()
 			r.Metrics.Inc("ctxpipe_inputs_total", `outcome="duplicate"`)
-			r.stages([]*job{j}, now, now, now, now)
 			r.ack([]*job{j})
 			continue
 		}
