@@ -77,8 +77,6 @@ type Runner struct {
 
 	// held are the inputs fetched and not yet acked or given back.
 	held *heldInputs
-	// replays are the inputs term starts read again and committed.
-	replays *replays
 }
 
 // New returns a runner; Run starts it.
@@ -102,7 +100,7 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	if d.Log == nil {
 		d.Log = slog.Default()
 	}
-	r := &Runner{cfg: cfg, Deps: d, waiters: newWaiters(), replays: newReplays(), held: newHeldInputs(cfg.MaxHeldBytes, cfg.AckWait, d.Log), clog: &changelog.Log{JS: d.JS, MaxPiece: cfg.MaxLogPiece}}
+	r := &Runner{cfg: cfg, Deps: d, waiters: newWaiters(), held: newHeldInputs(cfg.MaxHeldBytes, cfg.AckWait, d.Log), clog: &changelog.Log{JS: d.JS, MaxPiece: cfg.MaxLogPiece}}
 	r.own = &ownership{name: cfg.Name, standby: cfg.Standby, rebalanceEvery: cfg.RebalanceEvery, catchUpTimeout: cfg.CatchUpTimeout,
 		members: d.Members, logger: d.Log, metrics: d.Metrics,
 		heldChanged: func() {
@@ -229,7 +227,7 @@ func (r *Runner) worker(ctx context.Context) {
 		}
 		if ctx.Err() != nil {
 			r.giveBack(batch)
-		} else if batch = r.skipReplayed(batch); len(batch) > 0 {
+		} else {
 			r.handle(ctx, batch)
 		}
 		r.sched.release(conv)
@@ -402,9 +400,6 @@ func (r *Runner) stages(batch []*job, taken, prepared, committing, committed tim
 
 func (r *Runner) ack(batch []*job) {
 	for _, j := range batch {
-		if _, ok := j.msg.(replayed); ok {
-			r.replays.committed(j.partition, j.seq)
-		}
 		// Ack, not DoubleAck: a lost ack only causes a redelivery, which the
 		// input-id check turns into a no-op, and waiting for the server's
 		// confirmation per message would halve throughput.
@@ -414,21 +409,6 @@ func (r *Runner) ack(batch []*job) {
 		}
 		r.held.release(j)
 	}
-}
-
-// skipReplayed acks the inputs of batch that a term start read again and
-// committed already (replays) and returns the others.
-func (r *Runner) skipReplayed(batch []*job) []*job {
-	kept := batch[:0]
-	for _, j := range batch {
-		if _, again := j.msg.(replayed); !again && j.seq != 0 && r.replays.take(j.partition, j.seq) {
-			r.Metrics.Inc("ctxpipe_inputs_total", `outcome="duplicate"`)
-			r.ack([]*job{j})
-			continue
-		}
-		kept = append(kept, j)
-	}
-	return kept
 }
 
 // giveBack naks inputs that were not applied (shutdown), so another

@@ -43,7 +43,6 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 		// iterator holds comes again as duplicates.
 		delivered = max(delivered, md.Sequence.Stream)
 	}
-	r.replays.reset(p)
 	gap, err := r.takeOver(ctx, p, floor, delivered)
 	if err != nil {
 		return err
@@ -197,7 +196,7 @@ func readRangeOnce(ctx context.Context, js jetstream.JetStream, filter string, f
 
 // replayed is an input read from the stream again rather than delivered by
 // the partition's consumer: its acks do nothing (the delivered copy is acked
-// when it comes back: replays).
+// when it comes back, as a duplicate).
 type replayed struct{ jetstream.Msg }
 
 func (replayed) Ack() error                       { return nil }
