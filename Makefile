@@ -27,7 +27,7 @@ test:
 	$(GO) test -count=1 -run 'Allocate' ./tokens/o200k/
 
 ## test-scaleout: the failover test (3 nodes, 3 instances, kills; also in `make test`),
-## five times over, its figures printed; SCALEOUT_KEEP_DIR=dir keeps a failed run's logs and files
+## five times over, its figures printed; SCALEOUT_KEEP_DIR=dir keeps the logs and files of a run that failed or had a kill past 5 s
 test-scaleout:
 	$(GO) test -race -count=5 -timeout 14m -run TestScaleOutFailover -v ./cmd/consumer/
 

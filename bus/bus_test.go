@@ -439,3 +439,45 @@ func TestAtomicPublishIsReconciled(t *testing.T) {
 		t.Fatalf("findings %v, want allow_atomic kept off on an asynchronous CTX_IN", findings)
 	}
 }
+
+// CTX_IN and CTX_STATE are asked what they hold, which a replica answering
+// a direct get may not hold yet: a stream made with direct gets has them
+// taken off, and CTX_EVENTS, read far more than written, keeps them.
+func TestDirectGetsAreReconciledOff(t *testing.T) {
+	js, _ := newJS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range []jetstream.StreamConfig{InStreamConfig(), StateStreamConfig()} {
+		c.AllowDirect = true
+		if _, err := js.CreateStream(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	findings, err := ReconcileStreams(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := map[string]bool{}
+	for _, f := range findings {
+		if f.Field == "allow_direct" && f.Changed {
+			changed[strings.TrimPrefix(f.Resource, "stream ")] = true
+		}
+	}
+	for _, name := range []string{StreamIn, StreamState} {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.CachedInfo().Config.AllowDirect || !changed[name] {
+			t.Fatalf("%s: direct gets %v, reconciled %v (findings %v); want them taken off",
+				name, s.CachedInfo().Config.AllowDirect, changed[name], findings)
+		}
+	}
+	ev, err := js.Stream(ctx, StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ev.CachedInfo().Config.AllowDirect {
+		t.Fatal("CTX_EVENTS lost its direct gets")
+	}
+}

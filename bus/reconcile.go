@@ -130,8 +130,11 @@ func reconcileStream(ctx context.Context, js jetstream.JetStream, want jetstream
 			next.AllowAtomicPublish = true
 		}
 	}
-	if want.Name == StreamState && next.AllowDirect {
-		// Owned for the changelog: see StateStreamConfig.
+	if (want.Name == StreamState || want.Name == StreamIn) && next.AllowDirect {
+		// Owned: a replica may answer a direct get before it holds what
+		// the leader acknowledged, and both streams are asked what they
+		// hold (the changelog by a writer whose append was refused, see
+		// StateStreamConfig; the inputs by a takeover's read).
 		d.set("allow_direct", "true", "false")
 		next.AllowDirect = false
 	}

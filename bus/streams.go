@@ -108,6 +108,10 @@ func InStreamConfig(opts ...Option) jetstream.StreamConfig {
 	// A client may record several inputs as one atomic batch (Nats-Batch-Id,
 	// Nats-Batch-Sequence, Nats-Batch-Commit): all are stored, or none.
 	c.AllowAtomicPublish = true
+	// No direct gets: a takeover asks the stream whether it holds any of a
+	// partition's inputs the consumer left unacked, and a replica may not
+	// hold them yet.
+	c.AllowDirect = false
 	return c
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ctxpipe/ctxpipe/bus"
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
+	"github.com/ctxpipe/ctxpipe/schema"
 )
 
 // errPlacement ends a read whose consumer shares its node with a leader.
@@ -109,5 +110,68 @@ func TestReadRangeGoesOnWhenItsNodeDies(t *testing.T) {
 		}
 		t.Logf("the read ended %v after its node was killed (attempt %d)", took.Round(time.Millisecond), attempt)
 		return
+	}
+}
+
+// A read's last sequence is the consumer's delivered one, which need not
+// be a message of the partition: past the partition's last input, the
+// stream holds only other partitions'. The read ends with the partition's
+// inputs, each once in stream order, without waiting for one it will never
+// get (a read that ended only at its last sequence looped there).
+func TestReadRangeEndsAtThePartitionsLastInput(t *testing.T) {
+	ctx := context.Background()
+	_, url := natstest.Run(t)
+	js, err := jetstream.New(natstest.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const partitions = 4
+	if err := bus.EnsureStreams(ctx, js, bus.WithPartitions(partitions)); err != nil {
+		t.Fatal(err)
+	}
+	// Two conversations of one tenant on different partitions: ours gets
+	// sequences 1..10, the other 11..15.
+	var ours, other string
+	for i := 0; ours == "" || other == ""; i++ {
+		conv := fmt.Sprintf("c%d", i)
+		switch p := bus.PartitionOf("t", conv, partitions); {
+		case p == 0 && ours == "":
+			ours = conv
+		case p != 0 && other == "":
+			other = conv
+		}
+	}
+	for i := range 15 {
+		conv := ours
+		if i >= 10 {
+			conv = other
+		}
+		if _, err := js.Publish(ctx, schema.InputSubject(schema.ConversationKey("t", conv), schema.KindTurn), []byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	filter := bus.PartitionFilter(0, partitions)
+	for _, c := range []struct {
+		from, to uint64
+		want     bool
+	}{{1, 15, true}, {10, 10, true}, {10, 15, true}, {11, 15, false}, {16, 40, false}, {5, 4, false}} {
+		if got, err := holdsBetween(ctx, js, filter, c.from, c.to); err != nil || got != c.want {
+			t.Errorf("holdsBetween(%d, %d) = %v, %v; want %v", c.from, c.to, got, err, c.want)
+		}
+	}
+	var got []uint64
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := readRange(rctx, js, filter, 1, 15, time.Second, func(msg jetstream.Msg) {
+		md, _ := msg.Metadata()
+		got = append(got, md.Sequence.Stream)
+	}, func(next uint64, err error) { t.Logf("a try failed; reading on from %d: %v", next, err) })
+	if err != nil || n != 10 || len(got) != 10 {
+		t.Fatalf("read %d inputs (%d handed on): %v; want the partition's 10", n, len(got), err)
+	}
+	for i, seq := range got {
+		if seq != uint64(i+1) {
+			t.Fatalf("input %d has sequence %d: not each once in stream order", i, seq)
+		}
 	}
 }

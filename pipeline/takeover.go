@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -188,10 +189,49 @@ func readRangeOnce(ctx context.Context, js jetstream.JetStream, filter string, f
 		}
 		each(msg)
 		n, next = n+1, md.Sequence.Stream+1
-		if md.Sequence.Stream == to || md.NumPending == 0 {
+		if md.Sequence.Stream == to {
 			return n, next, true, nil
 		}
+		if md.NumPending == 0 {
+			// A consumer made on a replica still catching up with the
+			// stream (after a node loss) says nothing is pending early,
+			// and delivers the rest only as its replica gets it. to need
+			// not be a message on filter (a filtered consumer's delivered
+			// sequence can lie past its last message), so whether the
+			// read is complete is asked of the stream's leader.
+			more, err := holdsBetween(ctx, js, filter, next, to)
+			if err != nil {
+				return n, next, false, fmt.Errorf("read unacked inputs: %w", err)
+			}
+			if !more {
+				return n, next, true, nil
+			}
+		}
 	}
+}
+
+// holdsBetween says whether CTX_IN holds a message on filter with a stream
+// sequence from..to. It asks the stream's leader (CTX_IN allows no direct
+// gets, so no replica answers), which holds every message the stream
+// acknowledged.
+func holdsBetween(ctx context.Context, js jetstream.JetStream, filter string, from, to uint64) (bool, error) {
+	if from > to {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, takeoverStep)
+	defer cancel()
+	s, err := js.Stream(ctx, bus.StreamIn)
+	if err != nil {
+		return false, fmt.Errorf("inputs stream: %w", err)
+	}
+	m, err := s.GetMsg(ctx, from, jetstream.WithGetMsgSubject(filter))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("first input on %s from %d: %w", filter, from, err)
+	}
+	return m.Sequence <= to, nil
 }
 
 // replayed is an input read from the stream again rather than delivered by

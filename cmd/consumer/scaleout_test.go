@@ -474,17 +474,22 @@ func testScaleOutFailover(t *testing.T, standby int) {
 	// On failure, besides each log's tail (startConsumer), what the
 	// instances said about rejections and the changelog; with
 	// SCALEOUT_KEEP_DIR set, the logs and SQLite files are copied there.
+	// slow is set by a kill past the 5 s goal: its logs are kept as well.
+	slow := false
 	t.Cleanup(func() {
-		if !t.Failed() {
-			return
-		}
-		if keep := os.Getenv("SCALEOUT_KEEP_DIR"); keep != "" {
+		if keep := os.Getenv("SCALEOUT_KEEP_DIR"); keep != "" && (t.Failed() || slow) {
+			keep = filepath.Join(keep, strings.ReplaceAll(t.Name(), "/", "_")+"-"+time.Now().Format("150405"))
+			_ = os.MkdirAll(keep, 0o755)
 			logs, _ := filepath.Glob(filepath.Join(r.dir, "*.log"))
 			dbs, _ := filepath.Glob(filepath.Join(r.dir, "*", "ctxpipe.db*"))
 			for _, l := range append(logs, dbs...) {
 				b, _ := os.ReadFile(l)
 				_ = os.WriteFile(filepath.Join(keep, strings.ReplaceAll(strings.TrimPrefix(l, r.dir+"/"), "/", "_")), b, 0o644)
 			}
+			t.Logf("logs and SQLite files kept in %s", keep)
+		}
+		if !t.Failed() {
+			return
 		}
 		logs, _ := filepath.Glob(filepath.Join(r.dir, "*.log"))
 		for _, l := range logs {
@@ -692,6 +697,7 @@ func testScaleOutFailover(t *testing.T, standby int) {
 		for _, l := range k.takenLog {
 			t.Logf("  after the kill, %s", l)
 		}
+		slow = slow || k.first > 5*time.Second
 		if k.first > failoverLimit {
 			t.Errorf("%s: the first probe took %v after the kill (limit %v, goal 5s)", k.what, k.first, failoverLimit)
 		}
