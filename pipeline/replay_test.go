@@ -151,12 +151,14 @@ func TestReadRangeEndsAtThePartitionsLastInput(t *testing.T) {
 		}
 	}
 	filter := bus.PartitionFilter(0, partitions)
+	// Past the stream's end (15) the leader cannot tell: not an answer.
 	for _, c := range []struct {
-		from, to uint64
-		want     bool
-	}{{1, 15, true}, {10, 10, true}, {10, 15, true}, {11, 15, false}, {16, 40, false}, {5, 4, false}} {
-		if got, err := holdsBetween(ctx, js, filter, c.from, c.to); err != nil || got != c.want {
-			t.Errorf("holdsBetween(%d, %d) = %v, %v; want %v", c.from, c.to, got, err, c.want)
+		from, to   uint64
+		want, fail bool
+	}{{1, 15, true, false}, {10, 10, true, false}, {10, 15, true, false}, {11, 15, false, false},
+		{11, 14, false, false}, {16, 40, false, true}, {5, 4, false, false}} {
+		if got, err := holdsBetween(ctx, js, filter, c.from, c.to); (err != nil) != c.fail || got != c.want {
+			t.Errorf("holdsBetween(%d, %d) = %v, %v; want %v, failing %v", c.from, c.to, got, err, c.want, c.fail)
 		}
 	}
 	var got []uint64
@@ -172,6 +174,30 @@ func TestReadRangeEndsAtThePartitionsLastInput(t *testing.T) {
 	for i, seq := range got {
 		if seq != uint64(i+1) {
 			t.Fatalf("input %d has sequence %d: not each once in stream order", i, seq)
+		}
+	}
+}
+
+// Whether a read is complete is decided from the leader's answers: a
+// message past the read's last sequence proves its store holds everything
+// before; no message at all proves nothing unless its store reaches that
+// far (a leader just elected may not have applied its whole log yet).
+func TestHoldsUpTo(t *testing.T) {
+	for _, c := range []struct {
+		first, last, to uint64
+		more, fail      bool
+	}{
+		{first: 12, to: 15, more: true},
+		{first: 15, to: 15, more: true},
+		{first: 16, to: 15},
+		{first: 0, last: 15, to: 15},
+		{first: 0, last: 40, to: 15},
+		{first: 0, last: 14, to: 15, fail: true},
+		{first: 0, last: 0, to: 15, fail: true},
+	} {
+		more, err := holdsUpTo(c.first, c.last, c.to)
+		if more != c.more || (err != nil) != c.fail {
+			t.Errorf("holdsUpTo(%d, %d, %d) = %v, %v; want %v, failing %v", c.first, c.last, c.to, more, err, c.more, c.fail)
 		}
 	}
 }

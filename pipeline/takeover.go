@@ -212,8 +212,9 @@ func readRangeOnce(ctx context.Context, js jetstream.JetStream, filter string, f
 
 // holdsBetween says whether CTX_IN holds a message on filter with a stream
 // sequence from..to. It asks the stream's leader (CTX_IN allows no direct
-// gets, so no replica answers), which holds every message the stream
-// acknowledged.
+// gets, so no replica answers) for the first such message from from on,
+// and, when there is none, how far its store goes: a leader just elected
+// may answer before it has applied everything its log holds.
 func holdsBetween(ctx context.Context, js jetstream.JetStream, filter string, from, to uint64) (bool, error) {
 	if from > to {
 		return false, nil
@@ -224,14 +225,37 @@ func holdsBetween(ctx context.Context, js jetstream.JetStream, filter string, fr
 	if err != nil {
 		return false, fmt.Errorf("inputs stream: %w", err)
 	}
+	var first, last uint64
 	m, err := s.GetMsg(ctx, from, jetstream.WithGetMsgSubject(filter))
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return false, nil
+		info, err := s.Info(ctx)
+		if err != nil {
+			return false, fmt.Errorf("inputs stream: %w", err)
+		}
+		last = info.State.LastSeq
 	case err != nil:
 		return false, fmt.Errorf("first input on %s from %d: %w", filter, from, err)
+	default:
+		first = m.Sequence
 	}
-	return m.Sequence <= to, nil
+	return holdsUpTo(first, last, to)
+}
+
+// holdsUpTo decides holdsBetween from the leader's answers: first, the
+// sequence of the first message on the filter from the read's next one (0:
+// none), and last, when there is none, the last sequence its store holds.
+// A message past to proves the store holds everything up to to; none proves
+// nothing unless the store reaches to, which the stream held when its
+// consumer delivered it.
+func holdsUpTo(first, last, to uint64) (bool, error) {
+	switch {
+	case first != 0:
+		return first <= to, nil
+	case last >= to:
+		return false, nil
+	}
+	return false, fmt.Errorf("the stream's leader holds messages up to %d, short of %d: not caught up yet", last, to)
 }
 
 // replayed is an input read from the stream again rather than delivered by
