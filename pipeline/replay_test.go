@@ -176,6 +176,15 @@ func TestReadRangeEndsAtThePartitionsLastInput(t *testing.T) {
 			t.Fatalf("input %d has sequence %d: not each once in stream order", i, seq)
 		}
 	}
+
+	// A range holding none of the partition's inputs: its consumer
+	// delivers nothing, and after stallAfter the leader says nothing is to
+	// come. The read ends, complete and empty, well before its context.
+	t0 := time.Now()
+	n, err = readRange(rctx, js, filter, 11, 15, time.Second, func(jetstream.Msg) { t.Error("an input was handed on") }, nil)
+	if took := time.Since(t0); err != nil || n != 0 || took > stallAfter+2*time.Second {
+		t.Fatalf("an empty range read %d inputs in %v: %v; want none, within %v", n, took, err, stallAfter+2*time.Second)
+	}
 }
 
 // Whether a read is complete is decided from the leader's answers: a

@@ -176,7 +176,24 @@ func readRangeOnce(ctx context.Context, js jetstream.JetStream, filter string, f
 	}
 	defer it.Stop()
 	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
+		// A consumer that sends its heartbeats but no message (seen on a
+		// cluster under load: a minute without one, short of the read's
+		// end) is asked about after stallAfter: if the stream holds more,
+		// the try fails and the next makes a new consumer.
+		nctx, cancel := context.WithTimeout(ctx, stallAfter)
+		msg, err := it.Next(jetstream.NextContext(nctx))
+		cancel()
+		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			more, herr := holdsBetween(ctx, js, filter, next, to)
+			switch {
+			case herr != nil:
+				return n, next, false, fmt.Errorf("read unacked inputs: %w", herr)
+			case !more:
+				return n, next, true, nil
+			}
+			return n, next, false, fmt.Errorf("read unacked inputs: %w: nothing for %v from %d, the stream holds more up to %d",
+				errStalled, stallAfter, next, to)
+		}
 		if err != nil {
 			return n, next, false, fmt.Errorf("read unacked inputs: %w", err)
 		}
@@ -209,6 +226,16 @@ func readRangeOnce(ctx context.Context, js jetstream.JetStream, filter string, f
 		}
 	}
 }
+
+// stallAfter is how long a try of a read of unacked inputs waits for its
+// consumer's next message before asking whether more is to come: longer
+// than a pull's expiry, so that a consumer that is only slow (a replica
+// catching up) is not given up.
+const stallAfter = 3 * time.Second
+
+// errStalled fails a try whose consumer delivered nothing for stallAfter
+// while the stream held more of the read.
+var errStalled = errors.New("the consumer delivers nothing")
 
 // holdsBetween says whether CTX_IN holds a message on filter with a stream
 // sequence from..to. It asks the stream's leader (CTX_IN allows no direct
