@@ -51,6 +51,10 @@ func TestStateSplitOverFiles(t *testing.T) {
 	}
 	h.publishRaw(schema.InputSubject("acme.c0", schema.KindTurn), "bad-1", []byte(`{"id": nope`))
 
+	// The runner knows its partitions once it has made their consumers,
+	// which may be after the publishes: read before, N is 0 and every
+	// conversation seems to be in file 0.
+	waitFor(t, func() bool { return h.runner.Partitions() > 0 })
 	n := h.runner.Partitions()
 	fileOf := func(key string) int {
 		tenant, c := schema.SplitKey(key)
