@@ -77,6 +77,8 @@ type Runner struct {
 
 	// held are the inputs fetched and not yet acked or given back.
 	held *heldInputs
+	// replays are the inputs term starts read again and committed.
+	replays *replays
 }
 
 // New returns a runner; Run starts it.
@@ -100,7 +102,7 @@ func New(cfg Config, d Deps) (*Runner, error) {
 	if d.Log == nil {
 		d.Log = slog.Default()
 	}
-	r := &Runner{cfg: cfg, Deps: d, waiters: newWaiters(), held: newHeldInputs(cfg.MaxHeldBytes, cfg.AckWait, d.Log), clog: &changelog.Log{JS: d.JS, MaxPiece: cfg.MaxLogPiece}}
+	r := &Runner{cfg: cfg, Deps: d, waiters: newWaiters(), replays: newReplays(), held: newHeldInputs(cfg.MaxHeldBytes, cfg.AckWait, d.Log), clog: &changelog.Log{JS: d.JS, MaxPiece: cfg.MaxLogPiece}}
 	r.own = &ownership{name: cfg.Name, standby: cfg.Standby, rebalanceEvery: cfg.RebalanceEvery, catchUpTimeout: cfg.CatchUpTimeout,
 		members: d.Members, logger: d.Log, metrics: d.Metrics,
 		heldChanged: func() {
@@ -227,7 +229,7 @@ func (r *Runner) worker(ctx context.Context) {
 		}
 		if ctx.Err() != nil {
 			r.giveBack(batch)
-		} else {
+		} else if batch = r.skipReplayed(batch); len(batch) > 0 {
 			r.handle(ctx, batch)
 		}
 		r.sched.release(conv)
@@ -400,6 +402,9 @@ func (r *Runner) stages(batch []*job, taken, prepared, committing, committed tim
 
 func (r *Runner) ack(batch []*job) {
 	for _, j := range batch {
+		if _, ok := j.msg.(replayed); ok {
+			r.replays.committed(j.partition, j.seq)
+		}
 		// Ack, not DoubleAck: a lost ack only causes a redelivery, which the
 		// input-id check turns into a no-op, and waiting for the server's
 		// confirmation per message would halve throughput.
@@ -409,6 +414,25 @@ func (r *Runner) ack(batch []*job) {
 		}
 		r.held.release(j)
 	}
+}
+
+// skipReplayed acks the inputs of batch that a term start read again and
+// committed already (replays) and returns the others.
+func (r *Runner) skipReplayed(batch []*job) []*job {
+	kept := batch[:0]
+	for _, j := range batch {
+		if _, again := j.msg.(replayed); !again && j.seq != 0 && r.replays.take(j.partition, j.seq) {
+			// Counted as any duplicate is, in every stage (prepared and
+			// committed in no time).
+			now := time.Now()
+			r.Metrics.Inc("ctxpipe_inputs_total", `outcome="duplicate"`)
+			r.stages([]*job{j}, now, now, now, now)
+			r.ack([]*job{j})
+			continue
+		}
+		kept = append(kept, j)
+	}
+	return kept
 }
 
 // giveBack naks inputs that were not applied (shutdown), so another

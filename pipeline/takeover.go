@@ -44,6 +44,7 @@ func (r *Runner) startTerm(ctx context.Context, p int, cons jetstream.Consumer, 
 		// iterator holds comes again as duplicates.
 		delivered = max(delivered, md.Sequence.Stream)
 	}
+	r.replays.reset(p)
 	gap, err := r.takeOver(ctx, p, floor, delivered)
 	if err != nil {
 		return err
@@ -287,7 +288,7 @@ func holdsUpTo(first, last, to uint64) (bool, error) {
 
 // replayed is an input read from the stream again rather than delivered by
 // the partition's consumer: its acks do nothing (the delivered copy is acked
-// when it comes back, as a duplicate).
+// when it comes back: replays).
 type replayed struct{ jetstream.Msg }
 
 func (replayed) Ack() error                       { return nil }
