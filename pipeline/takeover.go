@@ -177,10 +177,11 @@ func readRangeOnce(ctx context.Context, js jetstream.JetStream, filter string, f
 	}
 	defer it.Stop()
 	for {
-		// A consumer that sends its heartbeats but no message (seen on a
-		// cluster under load: a minute without one, short of the read's
-		// end) is asked about after stallAfter: if the stream holds more,
-		// the try fails and the next makes a new consumer.
+		// A consumer may send its heartbeats and no message, short of the
+		// read's end, for as long as the read lasts. After stallAfter
+		// without one the leader is asked: if the stream holds more, the
+		// try fails and the next makes a new consumer; if not, the read
+		// is complete.
 		nctx, cancel := context.WithTimeout(ctx, stallAfter)
 		msg, err := it.Next(jetstream.NextContext(nctx))
 		cancel()
