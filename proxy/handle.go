@@ -242,12 +242,16 @@ func (p *Proxy) managed(w http.ResponseWriter, r *http.Request, d dialect, u *Up
 		keep = maxRecordBytes
 	}
 	kept, complete := p.relay(w, resp, hdr, keep)
-	if keep == 0 || !complete {
+	if keep == 0 || kept == nil {
 		return
 	}
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	t, usage, ok := d.reply(kept, sse)
-	if !ok {
+	switch {
+	case !ok && !complete:
+		p.log.Warn("proxy: the upstream's reply was cut before its end; not recorded", "conversation", cv.id)
+		return
+	case !ok:
 		p.log.Warn("proxy: the reply holds no assistant message to record", "conversation", cv.id)
 		return
 	}

@@ -34,7 +34,12 @@ type model struct {
 	// gate, when set, holds a streamed answer after its first event until
 	// it is closed.
 	gate chan struct{}
-	n    int
+	// linger, when set, holds a streamed answer open after its last event
+	// until the request is cancelled (at most 10 s): its reader sees the
+	// reply's own last event but no end of the body. (An answer that is
+	// not flushed would not be sent at all meanwhile.)
+	linger bool
+	n      int
 }
 
 // seen is one request as the upstream received it.
@@ -84,8 +89,16 @@ func (m *model) serve(w http.ResponseWriter, r *http.Request) {
 	m.mu.Lock()
 	m.reqs = append(m.reqs, seen{path: r.URL.Path, header: r.Header.Clone(), body: body})
 	m.n++
-	n, over, hang, thinking, inspect, gate := m.n, m.overflowOver, m.hang, m.thinking, m.inspect, m.gate
+	n, over, hang, thinking, inspect, gate, linger := m.n, m.overflowOver, m.hang, m.thinking, m.inspect, m.gate, m.linger
 	m.mu.Unlock()
+	if linger {
+		defer func() {
+			select {
+			case <-r.Context().Done():
+			case <-time.After(10 * time.Second):
+			}
+		}()
+	}
 	if inspect != nil {
 		inspect(r, body)
 	}

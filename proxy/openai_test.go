@@ -144,3 +144,39 @@ func TestResponsesAgentLoop(t *testing.T) {
 		t.Errorf("rejected: %v", rej)
 	}
 }
+
+// A client may close a stream as soon as its last event arrived, before the
+// upstream's body ends: the proxy's read of the upstream then fails (the
+// request's context is the client's), but the reply came whole and is
+// recorded. A stream cut before its last event is not: the reply parsers
+// take a stream only with its final event.
+func TestStreamLeftAfterItsLastEventIsRecorded(t *testing.T) {
+	h := newHarness(t, nil)
+	h.model.mu.Lock()
+	h.model.linger = true // the upstream never ends the body by itself
+	h.model.mu.Unlock()
+	c := h.openaiClient(option.WithHeader("X-Ctxpipe-Conversation", "left-1"))
+	ctx, cancel := context.WithCancel(context.Background())
+	s := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "test-model",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("List the files.")}, Tools: chatTools})
+	var acc openai.ChatCompletionAccumulator
+	for s.Next() {
+		acc.AddChunk(s.Current())
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The client got [DONE] and leaves; the body has not ended.
+	s.Close()
+	cancel()
+	if len(acc.Choices) == 0 || len(acc.Choices[0].Message.ToolCalls) != 2 {
+		t.Fatalf("the client got %+v", acc.Choices)
+	}
+	if n := h.agentTurns(t, "left-1", 2); n != 2 {
+		t.Fatalf("%d turns recorded, want the user's and the reply", n)
+	}
+	msgs := h.full(t, "left-1")
+	if last := msgs[len(msgs)-1]; last.Role != "assistant" || len(last.Content.Blocks) == 0 {
+		t.Fatalf("the last message recorded is %+v, want the reply", last)
+	}
+}

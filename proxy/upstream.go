@@ -140,6 +140,13 @@ func redactURL(err error) string {
 // streams) with extra headers added, and keeps up to keep bytes of the
 // body. complete says the body reached its end and was written whole.
 // A body that stalls longer than the idle bound is cut.
+//
+// When reading the body fails, what was kept is still returned (complete
+// false): everything kept was written to the client. A client may leave as
+// soon as a stream's last event reached it, and its leaving ends the
+// upstream's read (the request's context is the client's) before the
+// body's end; the reply is then whole, which the dialect's reply parser
+// tells (it takes a stream only with its final event, and JSON only whole).
 func (p *Proxy) relay(w http.ResponseWriter, resp *http.Response, extra http.Header, keep int) (kept []byte, complete bool) {
 	h := w.Header()
 	copyHeaders(h, resp.Header)
@@ -175,8 +182,11 @@ func (p *Proxy) relay(w http.ResponseWriter, resp *http.Response, extra http.Hea
 			return buf.Bytes(), keep >= 0
 		}
 		if err != nil {
-			p.log.Warn("proxy: the upstream's reply was cut", "err", err)
-			return nil, false
+			if keep <= 0 {
+				p.log.Warn("proxy: the upstream's reply was cut", "err", err)
+				return nil, false
+			}
+			return buf.Bytes(), false
 		}
 	}
 }
