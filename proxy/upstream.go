@@ -138,7 +138,8 @@ func redactURL(err error) string {
 // relay writes the upstream's response to the client unchanged (status,
 // headers but hop-by-hop ones, body byte for byte, flushed as it comes for
 // streams) with extra headers added, and keeps up to keep bytes of the
-// body. complete says the body reached its end and was written whole.
+// body (nothing, when the body is larger). complete says the body reached
+// its end and was written whole.
 // A body that stalls longer than the idle bound is cut.
 //
 // When reading the body fails, what was kept is still returned (complete
@@ -179,7 +180,10 @@ func (p *Proxy) relay(w http.ResponseWriter, resp *http.Response, extra http.Hea
 			}
 		}
 		if errors.Is(err, io.EOF) {
-			return buf.Bytes(), keep >= 0
+			if keep < 0 {
+				return nil, true // too large to record: nothing kept
+			}
+			return buf.Bytes(), true
 		}
 		if err != nil {
 			if keep <= 0 {
