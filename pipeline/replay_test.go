@@ -38,16 +38,44 @@ func TestReadRangeGoesOnWhenItsNodeDies(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	// Inputs without a tenant form the shared partition.
+	// Inputs without a tenant form the shared partition. A cluster just
+	// formed may refuse the first publishes (a run once found the stream
+	// empty, and its read waited for inputs that were never stored): each
+	// refused one is published again, its id making a repeat a no-op.
+	const subject = "ctx.in.c1.turn"
+	futures := make([]jetstream.PubAckFuture, inputs)
 	for i := range inputs {
-		if _, err := js.PublishAsync("ctx.in.c1.turn", []byte(fmt.Sprint(i))); err != nil {
+		f, err := js.PublishAsync(subject, []byte(fmt.Sprint(i)), jetstream.WithMsgID(fmt.Sprint(i)))
+		if err != nil {
 			t.Fatal(err)
 		}
+		futures[i] = f
 	}
 	select {
 	case <-js.PublishAsyncComplete():
 	case <-time.After(time.Minute):
 		t.Fatal("publishes not acknowledged")
+	}
+	for i, f := range futures {
+		select {
+		case <-f.Ok():
+			continue
+		case err := <-f.Err():
+			t.Logf("publish %d refused (%v); publishing it again", i, err)
+		}
+		if err := bus.RetryStart(ctx, slog.New(slog.DiscardHandler), "publish", func(ctx context.Context) error {
+			_, err := js.Publish(ctx, subject, []byte(fmt.Sprint(i)), jetstream.WithMsgID(fmt.Sprint(i)))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := js.Stream(ctx, bus.StreamIn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state := st.CachedInfo().State; state.LastSeq != inputs || state.Msgs != inputs {
+		t.Fatalf("the stream holds %d messages up to %d, want sequences 1..%d", state.Msgs, state.LastSeq, inputs)
 	}
 
 	// The node to kill serves the read's consumer and leads neither the
