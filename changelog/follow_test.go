@@ -158,6 +158,16 @@ func TestAppendsBackToBackOnACluster(t *testing.T) {
 		}
 		if w == 0 {
 			ensureR3(t, js)
+			// A stream just made may not answer its first publishes
+			// ("no response from stream"): the writers start once it has
+			// a leader and took one, on a partition none of them writes.
+			c.WaitStreamLeader(bus.StreamState)
+			if err := bus.RetryStart(ctx, slog.New(slog.DiscardHandler), "probe append", func(ctx context.Context) error {
+				_, err := js.Publish(ctx, bus.StateSubject(writers), []byte("probe"), jetstream.WithMsgID("probe"))
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
 		}
 		go func() {
 			l := &changelog.Log{JS: js}
