@@ -239,7 +239,7 @@ func (p *Proxy) managed(w http.ResponseWriter, r *http.Request, d dialect, u *Up
 	defer resp.Body.Close()
 	keep := 0
 	if m == modeRecord && l.v == extends && resp.StatusCode == http.StatusOK {
-		keep = maxRecordBytes
+		keep = p.cfg.MaxReplyBytes
 	}
 	kept, complete := p.relay(w, resp, hdr, keep)
 	if keep == 0 || kept == nil {

@@ -35,6 +35,11 @@ type Config struct {
 	ProfileID string
 	// MaxBodyBytes bounds a request body (default 32 MiB).
 	MaxBodyBytes int64
+	// MaxReplyBytes bounds a reply the proxy keeps to record it (default
+	// 64 MiB). A larger reply still reaches the client whole; it is not
+	// recorded, and the client's next request, which holds it, records it
+	// as one of its turns.
+	MaxReplyBytes int
 	// HeaderTimeout bounds the wait for the upstream's response headers
 	// (504 past it; default 10 minutes); IdleTimeout bounds a pause in its
 	// body (the reply is cut; default 5 minutes).
@@ -42,9 +47,6 @@ type Config struct {
 	// Log gets the proxy's lines (never a key).
 	Log *slog.Logger
 }
-
-// maxRecordBytes bounds a reply the proxy keeps to record it.
-const maxRecordBytes = 64 << 20
 
 // Proxy is the HTTP handler.
 type Proxy struct {
@@ -65,6 +67,9 @@ type Proxy struct {
 func New(c *client.Client, cfg Config) *Proxy {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 32 << 20
+	}
+	if cfg.MaxReplyBytes <= 0 {
+		cfg.MaxReplyBytes = 64 << 20
 	}
 	if cfg.HeaderTimeout <= 0 {
 		cfg.HeaderTimeout = 10 * time.Minute
