@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"syscall"
@@ -141,6 +142,7 @@ func runPipeline(b *testing.B, subjects []string, payloads [][]byte, ids []strin
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	b.StartTimer()
+	stopProfile := profileTimed(b)
 	start, cpu0 := time.Now(), cpuTime()
 	go func() { done <- r.Run(ctx) }()
 	for m.Value("ctxpipe_inputs_total", `outcome="applied"`) < float64(len(payloads)) {
@@ -153,6 +155,7 @@ func runPipeline(b *testing.B, subjects []string, payloads [][]byte, ids []strin
 	cpu := (cpuTime() - cpu0).Seconds()
 	m.Add("bench_cpu_cores", "", cpu/elapsed.Seconds())
 	m.Add("bench_cpu_seconds", "", cpu)
+	stopProfile()
 	b.StopTimer()
 	cancel()
 	<-done
@@ -166,6 +169,29 @@ func runPipeline(b *testing.B, subjects []string, payloads [][]byte, ids []strin
 	_ = st.Close()
 	m.Add("bench_db_bytes", "", float64(pagesInUse(b, paths)))
 	return float64(len(payloads)) / elapsed.Seconds(), m
+}
+
+// profileTimed, when CTXPIPE_BENCH_PPROF names a file, records a CPU
+// profile of the timed part of every run into it (the last run's is kept):
+// the stream's loading, which the figures leave out, stays out of it too.
+func profileTimed(b *testing.B) (stop func()) {
+	path := os.Getenv("CTXPIPE_BENCH_PPROF")
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 // pagesInUse is the bytes of the SQLite files' pages that hold data (the
