@@ -144,8 +144,31 @@ func (w *liveWatch) run(ctx context.Context, kv jetstream.KeyValue, onErr func(e
 }
 
 // restartStale is how long the watch may go without delivering before it
-// is started again.
-const restartStale = 3 * liveWithin
+// is started again: every live instance, this one included, refreshes its
+// lock every refreshEvery, so a watch that shows none of them for longer
+// than liveWithin is behind (Live fails from then on), and one more
+// refreshEvery is the margin for this instance's own refresh. A node lost
+// under the watch's consumer left it silent: waiting three times
+// liveWithin, checked every liveWithin, kept a survivor blind to a dead
+// instance for up to 10 s.
+const restartStale = liveWithin + refreshEvery
+
+// watchStale tells whether a watch started at started, which last
+// delivered at last (zero: never), has gone silent for longer than
+// restartStale at now.
+func watchStale(started, last, now time.Time) error {
+	since := started
+	if last.After(since) {
+		since = last
+	}
+	if d := now.Sub(since); d > restartStale {
+		if last.IsZero() || last.Before(started) {
+			return fmt.Errorf("the watch of %s has delivered nothing for %v since it started", LocksBucket, d.Round(time.Millisecond))
+		}
+		return fmt.Errorf("the watch of %s has delivered nothing for %v", LocksBucket, d.Round(time.Millisecond))
+	}
+	return nil
+}
 
 func (w *liveWatch) watchOnce(ctx context.Context, kv jetstream.KeyValue) error {
 	kw, err := kv.Watch(ctx, "instance.*")
@@ -154,7 +177,7 @@ func (w *liveWatch) watchOnce(ctx context.Context, kv jetstream.KeyValue) error 
 	}
 	defer func() { _ = kw.Stop() }()
 	started := time.Now()
-	t := time.NewTicker(liveWithin)
+	t := time.NewTicker(refreshEvery / 2)
 	defer t.Stop()
 	for {
 		select {
@@ -166,14 +189,11 @@ func (w *liveWatch) watchOnce(ctx context.Context, kv jetstream.KeyValue) error 
 			}
 			w.put(e)
 		case now := <-t.C:
-			if now.Sub(started) < restartStale {
-				continue
-			}
 			w.mu.Lock()
 			last := w.last
 			w.mu.Unlock()
-			if now.Sub(last) > restartStale {
-				return fmt.Errorf("the watch of %s has delivered nothing for %v", LocksBucket, now.Sub(last).Round(time.Millisecond))
+			if err := watchStale(started, last, now); err != nil {
+				return err
 			}
 		}
 	}

@@ -73,6 +73,31 @@ func TestWatchCurrent(t *testing.T) {
 	}
 }
 
+func TestWatchStale(t *testing.T) {
+	start := time.Date(2026, 11, 29, 3, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		name      string
+		last, now time.Time
+		stale     string // "" when the watch is current
+	}{
+		{"just started, nothing yet", time.Time{}, start.Add(time.Second), ""},
+		{"nothing since it started, past the bound", time.Time{}, start.Add(restartStale + time.Millisecond), "since it started"},
+		{"a delivery before this watch started counts for nothing", start.Add(-time.Second), start.Add(restartStale + time.Millisecond), "since it started"},
+		{"delivered a refresh ago", start.Add(5 * time.Second), start.Add(5*time.Second + refreshEvery), ""},
+		{"silent exactly the bound", start.Add(5 * time.Second), start.Add(5*time.Second + restartStale), ""},
+		{"silent past the bound", start.Add(5 * time.Second), start.Add(5*time.Second + restartStale + time.Millisecond), "delivered nothing for"},
+		{"silent 8 s, as a watch on a lost node was", start.Add(5 * time.Second), start.Add(13 * time.Second), "delivered nothing for 8s"},
+	} {
+		err := watchStale(start, tt.last, tt.now)
+		switch {
+		case tt.stale == "" && err != nil:
+			t.Errorf("%s: %v, want current", tt.name, err)
+		case tt.stale != "" && (err == nil || !strings.Contains(err.Error(), tt.stale)):
+			t.Errorf("%s: %v, want an error with %q", tt.name, err, tt.stale)
+		}
+	}
+}
+
 // A watch that delivers nothing (it stopped delivering, or no instance
 // refreshes) ends, so that run starts it again, rather than leaving Live
 // failing for good; one that delivers the refreshes goes on.
@@ -117,7 +142,7 @@ func TestStaleWatchIsStartedAgain(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "delivered nothing") {
 			t.Fatalf("the stale watch ended with %v", err)
 		}
-	case <-time.After(restartStale + 2*liveWithin):
+	case <-time.After(restartStale + liveWithin):
 		t.Fatal("a watch showing no refresh of this instance's lock went on")
 	}
 	if _, err := w.live(ctx); err == nil {
