@@ -1,6 +1,8 @@
 package pipeline
 
 import (
+	"time"
+
 	"context"
 	"errors"
 	"log/slog"
@@ -76,7 +78,9 @@ type committer struct {
 	maxBatch, maxBytes int
 	health             *storeHealth
 	metrics            *Metrics
-	logger             *slog.Logger
+	// lastReread is when applyFollowed last said it reads a message again.
+	lastReread time.Time
+	logger     *slog.Logger
 	// committed is told what each commit stored: own is true for the
 	// workers' inputs, false for other writers' records.
 	committed func(entries []store.Entry, results []store.Result, own bool)

@@ -10,6 +10,10 @@ import (
 	"github.com/ctxpipe/ctxpipe/store"
 )
 
+// rereadLogEvery spaces the lines that say the follower reads a message
+// again.
+const rereadLogEvery = 5 * time.Second
+
 // applyFollowed commits the records other writers appended (and moves the
 // cursor past everything else) in one transaction.
 func (c *committer) applyFollowed(items []changelog.Item) (retried bool) {
@@ -25,7 +29,18 @@ func (c *committer) applyFollowed(items []changelog.Item) (retried bool) {
 	for _, it := range items {
 		if it.Record == nil && !it.Piece && it.Err == nil && it.Seq > c.log.applied[it.Partition] {
 			// Skipped as this instance's own append whose commit then
-			// failed: read it again, and nothing after it yet.
+			// failed, or as another writer's while an append of this
+			// instance was in flight (fenced then): read it again, with
+			// its data (rereading), and nothing after it yet. Said once
+			// in a while: a follower that keeps reading such a message
+			// again makes no progress, and nothing else would tell.
+			if time.Since(c.lastReread) > rereadLogEvery {
+				c.lastReread = time.Now()
+				c.logger.Warn("a changelog message taken for this instance's own is not in its store; reading it again",
+					"partition", it.Partition, "seq", it.Seq, "applied", c.log.applied[it.Partition])
+			}
+			c.metrics.Inc("ctxpipe_changelog_reread_total", "")
+			c.log.rereading(it.Partition, it.Seq)
 			c.follower.retry()
 			retried = true
 			break

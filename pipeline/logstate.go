@@ -37,8 +37,16 @@ type logState struct {
 	// applyFollowed): this instance's append was then fenced.
 	own      []uint64
 	inflight []bool
-	cur      uint64
-	moved    chan struct{} // closed and replaced whenever cursor moves
+	// reread is, per partition, the last message read again because it
+	// was skipped as this instance's own while the store lacks it: up to
+	// it, own and inflight no longer make the follower skip a message. A
+	// partition just taken over, behind its changelog, has its workers'
+	// appends fenced and retried, so an append is nearly always in flight:
+	// skipping the old owner's record for it each time, and reading it
+	// again, kept the follower from applying it for up to 10 s.
+	reread []uint64
+	cur    uint64
+	moved  chan struct{} // closed and replaced whenever cursor moves
 	// seen is, per partition, the last message the committer handled (a
 	// record applied or skipped, a piece, an unreadable message): a
 	// partition's copy is current once seen reaches its last message.
@@ -51,6 +59,7 @@ type logState struct {
 func newLogState(partitions int, pos map[int]uint64, cursor uint64) *logState {
 	ls := &logState{applied: make([]uint64, partitions+1), pieceTail: make([]uint64, partitions+1), pieceHead: make([]uint64, partitions+1),
 		shared: make([]uint64, partitions+1), own: make([]uint64, partitions+1), inflight: make([]bool, partitions+1),
+		reread:  make([]uint64, partitions+1),
 		foreign: make([]uint64, partitions+1), seen: make([]uint64, partitions+1),
 		cursor: cursor, cur: cursor, moved: make(chan struct{}), held: func(int) bool { return true }}
 	for p, seq := range pos {
@@ -185,11 +194,25 @@ func (ls *logState) safeCursor() uint64 {
 }
 
 // has tells the follower whether the store holds p's message seq already,
-// or is about to (this instance appended it and is committing it).
+// or is about to (this instance appended it and is committing it). Up to
+// p's reread mark only the store's own position counts: such a message is
+// read with its data, and the committer applies it or finds it applied.
 func (ls *logState) has(p int, seq uint64) bool {
 	ls.mu.RLock()
 	defer ls.mu.RUnlock()
-	return p >= 0 && p < len(ls.shared) && (seq <= ls.shared[p] || seq <= ls.own[p] || ls.inflight[p])
+	if p < 0 || p >= len(ls.shared) {
+		return false
+	}
+	return seq <= ls.shared[p] || (seq > ls.reread[p] && (seq <= ls.own[p] || ls.inflight[p]))
+}
+
+// rereading marks p's message seq as read again (see reread).
+func (ls *logState) rereading(p int, seq uint64) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if p >= 0 && p < len(ls.reread) {
+		ls.reread[p] = max(ls.reread[p], seq)
+	}
 }
 
 // appending marks an append to partition p in flight; appended ends it

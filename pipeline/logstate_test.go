@@ -113,6 +113,49 @@ func TestLogStateHas(t *testing.T) {
 	}
 }
 
+// A message read again (applyFollowed found it skipped as this instance's
+// own while the store lacks it) is not skipped for an append in flight, or
+// an own mark, again: appends fenced and retried one after the other must
+// not keep the follower from the record that fences them.
+func TestLogStateHasAfterReread(t *testing.T) {
+	ls := newLogState(1, map[int]uint64{0: 5}, 0)
+	ls.appending(0) // fenced after 5; another writer's 6 is in the log
+	if !ls.has(0, 6) {
+		t.Fatal("an append in flight: 6 could be this instance's own")
+	}
+	ls.rereading(0, 6)
+	for _, tt := range []struct {
+		seq  uint64
+		want bool
+	}{
+		{5, true},  // applied
+		{6, false}, // read again, with its data, whatever is in flight
+		{7, true},  // past the mark: could be the append in flight
+	} {
+		if got := ls.has(0, tt.seq); got != tt.want {
+			t.Errorf("in flight, read again up to 6: has(0, %d) = %v, want %v", tt.seq, got, tt.want)
+		}
+	}
+	// An own record below the mark (a commit that failed, read again) is
+	// read with its data too; one past it is skipped as before.
+	ls.appended(0, 6)
+	if ls.has(0, 6) {
+		t.Error("an own record read again is skipped")
+	}
+	ls.appending(0)
+	ls.appended(0, 8)
+	if !ls.has(0, 8) {
+		t.Error("a later own record, past the mark, is not skipped")
+	}
+	// The mark only moves forward.
+	ls.rereading(0, 3)
+	if ls.has(0, 6) {
+		t.Error("the mark went back")
+	}
+	ls.rereading(-1, 9) // no such partition: nothing happens
+	ls.rereading(2, 9)
+}
+
 // The foreign mark only moves forward, and the applied position likewise.
 func TestLogStateMarks(t *testing.T) {
 	ls := newLogState(1, nil, 0)

@@ -18,6 +18,7 @@ func describeMetrics(r *Runner) {
 	r.Metrics.Help("ctxpipe_changelog_applied_total", "Changelog records of other writers (or of this instance before a crash) applied to this instance's SQLite.")
 	r.Metrics.Help("ctxpipe_changelog_changes_total", "Inputs' changes applied from those records (not counted in ctxpipe_inputs_total).")
 	r.Metrics.Help("ctxpipe_changelog_unreadable_total", "Changelog messages or records skipped because they could not be read or applied.")
+	r.Metrics.Help("ctxpipe_changelog_reread_total", "Changelog messages read again because this instance took them for its own records but its store lacks them.")
 	r.Metrics.Help("ctxpipe_input_stage_seconds", "Where committed inputs spent their time, summed per input: delivery (stored in CTX_IN, by the server's clock, to fetched here), queued (fetched to taken by a worker), prepare (the eng), commit (the commit round, fsync included).")
 	r.Metrics.Help("ctxpipe_commit_file_seconds", "Time each file's committer spent on its commit rounds (the SQL, the wait for the appends, the commit): the serial part of that file's commits.")
 	r.Metrics.Help("ctxpipe_partition_terms_total", "Partitions this instance took (a new pin: catch up, replay the unacked inputs).")
