@@ -49,6 +49,34 @@ type follower struct {
 	// started is set once a run was planned: before, the cursor the store
 	// kept says nothing of the partitions held now.
 	started bool
+	// prog is what the current run did, for the line that says a
+	// follower is stalled.
+	prog followProgress
+}
+
+// followProgress is what a follower run did: when it began, how many items
+// it handed to the committer and when the last, and since when it waits to
+// hand one over (zero: it does not). Nothing handed over says the consumer
+// delivers nothing; a long wait says the committer takes nothing.
+type followProgress struct {
+	began, lastSent, handing time.Time
+	sent                     uint64
+}
+
+// progress describes the current run for a log line.
+func (f *follower) progress() []any {
+	f.mu.Lock()
+	pr := f.prog
+	f.mu.Unlock()
+	now := time.Now()
+	ago := func(t time.Time, none string) string {
+		if t.IsZero() {
+			return none
+		}
+		return now.Sub(t).Round(time.Millisecond).String()
+	}
+	return []any{"run_began", ago(pr.began, "none"), "items_handed", pr.sent, "last_handed", ago(pr.lastSent, "never"),
+		"handing_for", ago(pr.handing, "not handing")}
 }
 
 // followed is a changelog item with the generation of the follower run
@@ -183,14 +211,24 @@ func (f *follower) run(ctx context.Context) {
 		if err == nil {
 			items := make(chan changelog.Item)
 			forwarded := make(chan struct{})
+			f.mu.Lock()
+			f.prog = followProgress{began: time.Now()}
+			f.mu.Unlock()
 			go func() {
 				defer close(forwarded)
 				for it := range items {
+					f.mu.Lock()
+					f.prog.handing = time.Now()
+					f.mu.Unlock()
 					select {
 					case f.out <- followed{it, gen}:
 					case <-fctx.Done():
 						return // stale now, or stopping
 					}
+					f.mu.Lock()
+					f.prog.handing, f.prog.lastSent = time.Time{}, time.Now()
+					f.prog.sent++
+					f.mu.Unlock()
 				}
 			}()
 			err = changelog.FollowLive(fctx, f.js, pl.subjects, pl.from, pl.headersOnly, f.log.has, items)

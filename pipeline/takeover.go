@@ -97,7 +97,8 @@ func (r *Runner) takeOver(ctx context.Context, p int, floor, delivered uint64) (
 			// consumer may be re-creating itself). Started again now, not
 			// when its watchdog notices: every commit of the partition is
 			// fenced until it has applied that record.
-			r.Log.Warn("the changelog follower made no progress; following again", "partition", p, "cursor", cursor)
+			r.Log.Warn("the changelog follower made no progress; following again",
+				append([]any{"partition", p, "cursor", cursor}, follower.progress()...)...)
 			follower.retry()
 		}
 	}
