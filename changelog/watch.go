@@ -33,7 +33,28 @@ type watch struct {
 	mu       sync.Mutex
 	last     uint64    // the last sequence delivered
 	waiting  time.Time // since when Next waits; zero when not waiting
+	received bool      // a message was delivered in this run
 	err      error
+}
+
+// bounds is how long a follower must have waited (wait), and then have
+// been seen behind the stream (confirm), before it is stalled. A run that
+// has received nothing yet, and was behind when first checked, is given
+// less: the library creates its ordered consumer with a request that,
+// after a node loss, can go unanswered for its whole 10 s timeout before it
+// is sent again (a restore took 9.7 s so), while a healthy consumer delivers
+// the first message of a backlog in milliseconds. A run that started at the
+// stream's end and waited there is not: a message appended later may be
+// large, and on its way.
+func (w *watch) bounds(received, behindFromStart bool) (wait, confirm time.Duration) {
+	switch {
+	case received:
+		return w.after, w.after
+	case behindFromStart:
+		return w.after / 2, w.after / 4
+	default:
+		return w.after / 2, w.after
+	}
 }
 
 // behind is what the watchdog saw last: since when the stream has held a
@@ -53,7 +74,7 @@ func (w *watch) wait() {
 
 func (w *watch) got(seq uint64) {
 	w.mu.Lock()
-	w.last, w.waiting = seq, time.Time{}
+	w.last, w.waiting, w.received = seq, time.Time{}, true
 	w.mu.Unlock()
 }
 
@@ -73,6 +94,10 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 	// request per subject a tick (an idle instance holding 32 partitions
 	// made 33 requests a second) would only say so again.
 	var quiet, quietLast uint64
+	// checked is set at the run's first check of the stream, and
+	// behindFromStart when that check found it behind while nothing was
+	// received (see bounds).
+	checked, behindFromStart := false, false
 	for {
 		select {
 		case <-ctx.Done():
@@ -80,9 +105,10 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 		case <-t.C:
 		}
 		w.mu.Lock()
-		since, last := w.waiting, w.last
+		since, last, received := w.waiting, w.last, w.received
 		w.mu.Unlock()
-		if since.IsZero() || time.Since(since) < w.after {
+		wait, _ := w.bounds(received, behindFromStart)
+		if since.IsZero() || time.Since(since) < wait {
 			b = behind{}
 			continue
 		}
@@ -109,17 +135,23 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 			// for as long as the requests fail, which is when a node is
 			// lost.
 		}
+		first := !checked
+		checked = true
 		if end <= last {
 			b = behind{} // idle
 			continue
 		}
+		if first && !received {
+			behindFromStart = true
+		}
+		_, confirm := w.bounds(received, behindFromStart)
 		if b.since.IsZero() || b.last != last {
 			// First seen behind: the message may have just been appended
 			// after a long idle wait, and be on its way.
 			b = behind{since: time.Now(), last: last}
 			continue
 		}
-		if time.Since(b.since) < w.after {
+		if time.Since(b.since) < confirm {
 			continue
 		}
 		w.mu.Lock()

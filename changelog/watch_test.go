@@ -58,6 +58,52 @@ func TestWatchStopsAStalledFollower(t *testing.T) {
 	}
 }
 
+// A run that has received nothing while the stream holds messages past its
+// start (its ordered consumer's creation unanswered, after a node loss) is
+// stopped sooner than one that stopped receiving: after the half delay and
+// a quarter, before the two whole delays.
+func TestWatchStopsARunThatReceivedNothingSooner(t *testing.T) {
+	ctx := context.Background()
+	js, stream := stateStream(t)
+	for range 3 {
+		if _, err := js.Publish(ctx, bus.StateSubject(1), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const after = 800 * time.Millisecond
+	for _, tc := range []struct {
+		name     string
+		received bool
+		within   time.Duration // stopped by then
+		notYet   time.Duration // and not before
+	}{
+		// Before the two whole delays a run that received is given.
+		{"received nothing", false, 2 * after, after/2 + after/4},
+		{"received before", true, 2*after + time.Second, 2 * after},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := &watch{after: after, last: 1}
+			if tc.received {
+				w.got(1)
+			}
+			w.wait()
+			began := time.Now()
+			stopped := make(chan struct{})
+			wctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			go w.run(wctx, stream, func() { close(stopped) })
+			select {
+			case <-stopped:
+				if took := time.Since(began); took < tc.notYet || w.Err() == nil {
+					t.Fatalf("stopped after %v (err %v), not before %v", took, w.Err(), tc.notYet)
+				}
+			case <-time.After(tc.within):
+				t.Fatalf("not stopped within %v", tc.within)
+			}
+		})
+	}
+}
+
 // A follower that waited long at the stream's end is not stalled the
 // moment a message is appended: it is stalled only when the stream has held
 // the message past its last for the watchdog's whole delay, however long
