@@ -42,8 +42,10 @@ type logState struct {
 	// it, own and inflight no longer make the follower skip a message. A
 	// partition just taken over, behind its changelog, has its workers'
 	// appends fenced and retried, so an append is nearly always in flight:
-	// skipping the old owner's record for it each time, and reading it
-	// again, kept the follower from applying it for up to 10 s.
+	// without the mark, the old owner's record could be skipped again at
+	// every read. Delivering a message with its data is always safe: the
+	// committer holds it behind a round in flight and applies it only
+	// past the store's position.
 	reread []uint64
 	cur    uint64
 	moved  chan struct{} // closed and replaced whenever cursor moves
