@@ -12,19 +12,35 @@ import (
 	"github.com/ctxpipe/ctxpipe/internal/natstest"
 )
 
+// stateStreamHolding is a CTX_STATE holding n messages of partition 1.
+func stateStreamHolding(t *testing.T, n int) jetstream.Stream {
+	t.Helper()
+	js, stream := stateStream(t)
+	for range n {
+		if _, err := js.Publish(context.Background(), bus.StateSubject(1), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return stream
+}
+
+// startWatch runs w's watchdog on stream until the test ends; the channel
+// is closed when it stops the follower.
+func startWatch(t *testing.T, w *watch, stream jetstream.Stream) <-chan struct{} {
+	stopped := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go w.run(ctx, stream, func() { close(stopped) })
+	return stopped
+}
+
 // The follower's watchdog stops the iterator when the follower has waited
 // too long for a message while the stream holds one past the last it got
 // (an ordered consumer re-creating itself quietly after a node loss), and
 // only then: not while the follower is busy elsewhere, nor when the stream
 // has nothing more.
 func TestWatchStopsAStalledFollower(t *testing.T) {
-	ctx := context.Background()
-	js, stream := stateStream(t)
-	for range 3 {
-		if _, err := js.Publish(ctx, bus.StateSubject(1), []byte("x")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	stream := stateStreamHolding(t, 3)
 	for _, tc := range []struct {
 		name    string
 		last    uint64
@@ -40,10 +56,7 @@ func TestWatchStopsAStalledFollower(t *testing.T) {
 			if tc.waiting {
 				w.wait()
 			}
-			stopped := make(chan struct{})
-			wctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			go w.run(wctx, stream, func() { close(stopped) })
+			stopped := startWatch(t, w, stream)
 			select {
 			case <-stopped:
 				if !tc.stalled || w.Err() == nil {
@@ -63,13 +76,7 @@ func TestWatchStopsAStalledFollower(t *testing.T) {
 // stopped sooner than one that stopped receiving: after the half delay and
 // a quarter, before the two whole delays.
 func TestWatchStopsARunThatReceivedNothingSooner(t *testing.T) {
-	ctx := context.Background()
-	js, stream := stateStream(t)
-	for range 3 {
-		if _, err := js.Publish(ctx, bus.StateSubject(1), []byte("x")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	stream := stateStreamHolding(t, 3)
 	const after = 800 * time.Millisecond
 	for _, tc := range []struct {
 		name     string
@@ -88,10 +95,7 @@ func TestWatchStopsARunThatReceivedNothingSooner(t *testing.T) {
 			}
 			w.wait()
 			began := time.Now()
-			stopped := make(chan struct{})
-			wctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			go w.run(wctx, stream, func() { close(stopped) })
+			stopped := startWatch(t, w, stream)
 			select {
 			case <-stopped:
 				if took := time.Since(began); took < tc.notYet || w.Err() == nil {

@@ -28,24 +28,7 @@ func TestReplyOverTheBoundIsRelayedNotRecorded(t *testing.T) {
 		msgs := []openai.ChatCompletionMessageParamUnion{openai.UserMessage("List the files.")}
 		for i, stream := range streams {
 			params := openai.ChatCompletionNewParams{Model: "test-model", Messages: msgs, Tools: chatTools}
-			var msg openai.ChatCompletionMessage
-			if stream {
-				s := c.Chat.Completions.NewStreaming(ctx, params)
-				var acc openai.ChatCompletionAccumulator
-				for s.Next() {
-					acc.AddChunk(s.Current())
-				}
-				if err := s.Err(); err != nil {
-					t.Fatal(err)
-				}
-				msg = acc.Choices[0].Message
-			} else {
-				r, err := c.Chat.Completions.New(ctx, params)
-				if err != nil {
-					t.Fatal(err)
-				}
-				msg = r.Choices[0].Message
-			}
+			msg := chatOnce(t, c, params, stream)
 			// The client got the whole reply: the model's two parallel
 			// calls first, then its text.
 			if i == 0 && len(msg.ToolCalls) != 2 || i == 1 && msg.Content == "" {

@@ -23,36 +23,44 @@ var chatTools = []openai.ChatCompletionToolUnionParam{
 	openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{Name: "read_file", Parameters: shared.FunctionParameters{"type": "object"}}),
 }
 
+// chatOnce sends params, streamed or not, and returns the reply's message
+// (for a stream, as the SDK's accumulator puts it together).
+func chatOnce(t *testing.T, c openai.Client, params openai.ChatCompletionNewParams, stream bool, opts ...option.RequestOption) openai.ChatCompletionMessage {
+	t.Helper()
+	ctx := context.Background()
+	if !stream {
+		r, err := c.Chat.Completions.New(ctx, params, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Choices[0].Message
+	}
+	s := c.Chat.Completions.NewStreaming(ctx, params, opts...)
+	var acc openai.ChatCompletionAccumulator
+	for s.Next() {
+		acc.AddChunk(s.Current())
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return acc.Choices[0].Message
+}
+
 func TestChatAgentLoop(t *testing.T) {
 	h := newHarness(t, nil)
 	c := h.openaiClient(option.WithHeader("X-Session-Id", "chat-1"))
 	msgs := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("You are a careful coding agent."), openai.UserMessage("Fix the failing test in pkg/x.")}
 	var lc loopCheck
 	var sent []int
-	ctx := context.Background()
 	for i := range 40 {
 		params := openai.ChatCompletionNewParams{Model: "test-model", Messages: msgs, Tools: chatTools,
 			StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}}
 		var resp *http.Response
-		var msg openai.ChatCompletionMessage
-		if i%2 == 0 {
+		stream := i%2 == 1
+		if !stream {
 			params.StreamOptions = openai.ChatCompletionStreamOptionsParam{}
-			r, err := c.Chat.Completions.New(ctx, params, option.WithResponseInto(&resp))
-			if err != nil {
-				t.Fatal(err)
-			}
-			msg = r.Choices[0].Message
-		} else {
-			s := c.Chat.Completions.NewStreaming(ctx, params, option.WithResponseInto(&resp))
-			var acc openai.ChatCompletionAccumulator
-			for s.Next() {
-				acc.AddChunk(s.Current())
-			}
-			if err := s.Err(); err != nil {
-				t.Fatal(err)
-			}
-			msg = acc.Choices[0].Message
 		}
+		msg := chatOnce(t, c, params, stream, option.WithResponseInto(&resp))
 		if got := resp.Header.Get("X-Ctxpipe-Conversation"); got != "chat-1" {
 			t.Fatalf("step %d: conversation %q", i, got)
 		}
