@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -178,4 +179,25 @@ func LastOf(ctx context.Context, s jetstream.Stream, p int) (uint64, error) {
 		return 0, fmt.Errorf("last of %s: %w", bus.StateSubject(p), err)
 	}
 	return m.Sequence, nil
+}
+
+// LastOfEach is LastOf of each partition, asked all at once: one after the
+// other, each would wait its own round trip to the stream's leader, which
+// after a node loss can be slow.
+func LastOfEach(ctx context.Context, s jetstream.Stream, partitions []int) ([]uint64, error) {
+	lasts := make([]uint64, len(partitions))
+	errs := make([]error, len(partitions))
+	var wg sync.WaitGroup
+	for i, p := range partitions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lasts[i], errs[i] = LastOf(ctx, s, p)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return lasts, nil
 }

@@ -99,6 +99,10 @@ type followPlan struct {
 	headersOnly bool
 }
 
+// slowPlan is how long the gained partitions' last messages may take to
+// read before plan says so: a restore waits for them.
+const slowPlan = 500 * time.Millisecond
+
 // plan decides the next run. Each gained partition's target is its last
 // changelog message; when the store holds it already the partition is
 // restored at once and followed from the end of the log as it was before
@@ -122,12 +126,17 @@ func (f *follower) plan(ctx context.Context) (followPlan, error) {
 			return followPlan{}, fmt.Errorf("changelog info: %w", err)
 		}
 		end := s.CachedInfo().State.LastSeq
+		t0 := time.Now()
+		lasts, err := changelog.LastOfEach(ictx, s, gained)
+		if err != nil {
+			f.holds.untake(gained)
+			return followPlan{}, err
+		}
+		if took := time.Since(t0); took > slowPlan {
+			f.logger.Info("reading the last changelog messages of the partitions gained was slow", "partitions", len(gained), "took", took.Round(time.Millisecond))
+		}
 		for i, p := range gained {
-			last, err := changelog.LastOf(ictx, s, p)
-			if err != nil {
-				f.holds.untake(gained[i:])
-				return followPlan{}, err
-			}
+			last := lasts[i]
 			start, current := restoreFrom(last, f.log.appliedOf(p), end)
 			if !current {
 				f.mu.Lock()
