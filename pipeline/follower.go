@@ -56,27 +56,34 @@ type follower struct {
 
 // followProgress is what a follower run did: when it began, how many items
 // it handed to the committer and when the last, and since when it waits to
-// hand one over (zero: it does not). Nothing handed over says the consumer
-// delivers nothing; a long wait says the committer takes nothing.
+// hand one over (0: it does not); times in Unix nanoseconds, 0 for none.
+// Nothing handed over says the consumer delivers nothing; a long wait says
+// the committer takes nothing. Atomics: the run writes them for every item.
 type followProgress struct {
-	began, lastSent, handing time.Time
-	sent                     uint64
+	began, lastSent, handing atomic.Int64
+	sent                     atomic.Uint64
+}
+
+// start resets the progress for a run beginning now.
+func (pr *followProgress) start() {
+	pr.began.Store(time.Now().UnixNano())
+	pr.lastSent.Store(0)
+	pr.handing.Store(0)
+	pr.sent.Store(0)
 }
 
 // progress describes the current run for a log line.
 func (f *follower) progress() []any {
-	f.mu.Lock()
-	pr := f.prog
-	f.mu.Unlock()
-	now := time.Now()
-	ago := func(t time.Time, none string) string {
-		if t.IsZero() {
+	pr := &f.prog
+	now := time.Now().UnixNano()
+	ago := func(at int64, none string) string {
+		if at == 0 {
 			return none
 		}
-		return now.Sub(t).Round(time.Millisecond).String()
+		return time.Duration(now - at).Round(time.Millisecond).String()
 	}
-	return []any{"run_began", ago(pr.began, "none"), "items_handed", pr.sent, "last_handed", ago(pr.lastSent, "never"),
-		"handing_for", ago(pr.handing, "not handing")}
+	return []any{"run_began", ago(pr.began.Load(), "none"), "items_handed", pr.sent.Load(), "last_handed", ago(pr.lastSent.Load(), "never"),
+		"handing_for", ago(pr.handing.Load(), "not handing")}
 }
 
 // followed is a changelog item with the generation of the follower run
@@ -220,24 +227,19 @@ func (f *follower) run(ctx context.Context) {
 		if err == nil {
 			items := make(chan changelog.Item)
 			forwarded := make(chan struct{})
-			f.mu.Lock()
-			f.prog = followProgress{began: time.Now()}
-			f.mu.Unlock()
+			f.prog.start()
 			go func() {
 				defer close(forwarded)
 				for it := range items {
-					f.mu.Lock()
-					f.prog.handing = time.Now()
-					f.mu.Unlock()
+					f.prog.handing.Store(time.Now().UnixNano())
 					select {
 					case f.out <- followed{it, gen}:
 					case <-fctx.Done():
 						return // stale now, or stopping
 					}
-					f.mu.Lock()
-					f.prog.handing, f.prog.lastSent = time.Time{}, time.Now()
-					f.prog.sent++
-					f.mu.Unlock()
+					f.prog.handing.Store(0)
+					f.prog.lastSent.Store(time.Now().UnixNano())
+					f.prog.sent.Add(1)
 				}
 			}()
 			err = changelog.FollowLive(fctx, f.js, pl.subjects, pl.from, pl.headersOnly, f.log.has, items)

@@ -1,6 +1,10 @@
 package pipeline
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+	"time"
+)
 
 // A gained partition is followed from after the store's last record of it
 // when the log holds more of it; a store that holds its last message has
@@ -23,5 +27,36 @@ func TestRestoreFrom(t *testing.T) {
 		if start != tt.start || current != tt.current {
 			t.Errorf("%s: restoreFrom = %d, %v; want %d, %v", tt.name, start, current, tt.start, tt.current)
 		}
+	}
+}
+
+// The progress line tells a run that handed nothing over from one waiting
+// to hand an item over, and counts what it handed.
+func TestFollowerProgress(t *testing.T) {
+	f := &follower{}
+	line := func() string { return fmt.Sprint(f.progress()...) }
+	if got := line(); got != fmt.Sprint("run_began", "none", "items_handed", uint64(0), "last_handed", "never", "handing_for", "not handing") {
+		t.Errorf("before any run: %s", got)
+	}
+	f.prog.start()
+	f.prog.sent.Add(2)
+	f.prog.lastSent.Store(time.Now().Add(-time.Second).UnixNano())
+	f.prog.handing.Store(time.Now().Add(-3 * time.Second).UnixNano())
+	attrs := f.progress()
+	want := map[string]func(any) bool{
+		"items_handed": func(v any) bool { return v == uint64(2) },
+		"last_handed":  func(v any) bool { d, err := time.ParseDuration(v.(string)); return err == nil && d >= time.Second },
+		"handing_for":  func(v any) bool { d, err := time.ParseDuration(v.(string)); return err == nil && d >= 3*time.Second },
+		"run_began":    func(v any) bool { _, err := time.ParseDuration(v.(string)); return err == nil },
+	}
+	for i := 0; i+1 < len(attrs); i += 2 {
+		if ok := want[attrs[i].(string)]; ok == nil || !ok(attrs[i+1]) {
+			t.Errorf("%v = %v", attrs[i], attrs[i+1])
+		}
+	}
+	// A new run starts from nothing.
+	f.prog.start()
+	if got := fmt.Sprint(f.progress()[2:]...); got != fmt.Sprint("items_handed", uint64(0), "last_handed", "never", "handing_for", "not handing") {
+		t.Errorf("a new run: %s", got)
 	}
 }
