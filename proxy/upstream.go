@@ -181,7 +181,11 @@ func (p *Proxy) relay(w http.ResponseWriter, resp *http.Response, extra http.Hea
 		}
 		if errors.Is(err, io.EOF) {
 			if keep < 0 {
-				return nil, true // too large to record: nothing kept
+				// Too large to record: nothing kept. The client's next
+				// request holds the reply, and records it.
+				p.log.Warn("proxy: the reply is over the bound on replies kept to record (MaxReplyBytes); not recorded now",
+					"bound", p.cfg.MaxReplyBytes)
+				return nil, true
 			}
 			return buf.Bytes(), true
 		}
