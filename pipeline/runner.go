@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/pprof"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -161,7 +163,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		committers.Add(1)
 		go func() {
 			defer committers.Done()
-			c.run(r.followers[i].out)
+			// Labelled so that a CPU profile tells each file's serial
+			// work apart (go tool pprof -tagfocus file=i).
+			pprof.Do(ctx, pprof.Labels("file", strconv.Itoa(i)), func(context.Context) {
+				c.run(r.followers[i].out)
+			})
 		}()
 	}
 	hbDone := make(chan struct{})

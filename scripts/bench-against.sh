@@ -22,6 +22,14 @@
 #                   committer's (apply-ms + append-ms + sync-ms) per turn.
 #   commit-all-µs/turn (apply-ms + append-ms + sync-ms) per turn: all
 #                   committers' time together, the same sum in both builds.
+#   serial-cpu-µs/turn  the CPU the committer goroutine itself used per turn
+#                   (from a CPU profile of each run): where the build labels
+#                   its committers by file (pprof label "file"), the busiest
+#                   one's; else the one committer's (Runner.committer). The
+#                   committer times above are wall time, and on a machine
+#                   whose cores the run keeps busy they are mostly waits for
+#                   a core, the appends and the fsync; this is the work that
+#                   only one goroutine can do.
 # The ratios new/old are of the medians; "pairs" is the median of each
 # round's own ratio (the two runs of a round ran back to back).
 set -euo pipefail
@@ -62,10 +70,31 @@ run() { # run BUILD ROUND: one benchmark process, its result line kept
 	if [ "$build" = old ]; then dir=$old; else dir=$root; fi
 	bin=$work/$build.test
 	echo "round $round: $build" >&2
-	line=$(cd "$dir/pipeline" && "$bin" -test.run '^$' -test.bench "$BENCH" -test.benchtime "$BENCHTIME" | grep '^Benchmark' | tail -n 1) ||
+	prof=$work/$build-$round.pprof
+	line=$(cd "$dir/pipeline" && "$bin" -test.run '^$' -test.bench "$BENCH" -test.benchtime "$BENCHTIME" -test.cpuprofile "$prof" | grep '^Benchmark' | tail -n 1) ||
 		{ echo "$0: the $build build's benchmark failed" >&2; exit 1; }
 	echo "$line" >&2
-	echo "$build $round $line" >>"$work/results"
+	echo "$build $round $line $(serial_cpu "$bin" "$prof") serial-cpu-µs/turn" >>"$work/results"
+}
+
+# runs is how many times the benchmark function ran in one process: once
+# with b.N = 1, then (-benchtime Nx, N > 1) once more with b.N = N.
+n=${BENCHTIME%x}
+case $n in '' | *[!0-9]*) echo "$0: BENCHTIME must be Nx (a count), not $BENCHTIME" >&2; exit 2 ;; esac
+runs=$((n > 1 ? n + 1 : 1))
+
+serial_cpu() { # serial_cpu BIN PROFILE: the committer's CPU µs per turn
+	local bin=$1 prof=$2 s
+	s=$($GO tool pprof -tags -focus 'committer\).run$' "$bin" "$prof" 2>/dev/null | awk '
+		/^ file:/ { on = 1; next }
+		on && /^ [^ ]/ { on = 0 }
+		on && $1 ~ /s$/ { v = $1; u = (v ~ /ms$/) ? 1e-3 : 1; sub(/m?s$/, "", v); if (v * u > m) m = v * u }
+		END { if (m > 0) print m }')
+	if [ -z "$s" ]; then # one committer, not labelled
+		s=$($GO tool pprof -top -focus 'Runner\).committer$' "$bin" "$prof" 2>/dev/null | awk '
+			/^Showing nodes accounting for/ { v = $5; sub(/,$/, "", v); u = (v ~ /ms$/) ? 1e-3 : 1; sub(/m?s$/, "", v); print v * u; exit }')
+	fi
+	awk -v s="${s:-0}" -v t="$turns" -v r="$runs" 'BEGIN { printf "%.2f", s * 1e6 / (t * r) }'
 }
 for ((i = 1; i <= ROUNDS; i++)); do
 	if ((i % 2)); then run old "$i"; run new "$i"; else run new "$i"; run old "$i"; fi
@@ -98,20 +127,21 @@ function mediana(arr, n,   i, j, t) {
 	v[build, round, "all"] = all
 	c = val("busiest-committer-µs/turn"); if (c == "") { c = all; src[build] = "apply+append+sync" } else src[build] = "busiest-committer"
 	v[build, round, "committer"] = c
+	v[build, round, "serial"] = val("serial-cpu-µs/turn")
 }
 END {
-	cols = "turns/s cpu committer all"; ncol = split(cols, col, " ")
-	fmt[1] = " %10.3f"; fmt[2] = " %12.3f"; fmt[3] = " %18.3f"; fmt[4] = " %19.3f"
-	hdr = sprintf("%-6s %-6s %10s %12s %18s %19s", "build", "round", "turns/s", "cpu-µs/turn", "committer-µs/turn", "commit-all-µs/turn")
+	cols = "turns/s cpu committer all serial"; ncol = split(cols, col, " ")
+	fmt[1] = " %10.3f"; fmt[2] = " %12.3f"; fmt[3] = " %18.3f"; fmt[4] = " %19.3f"; fmt[5] = " %19.3f"
+	hdr = sprintf("%-6s %-6s %10s %12s %18s %19s %19s", "build", "round", "turns/s", "cpu-µs/turn", "committer-µs/turn", "commit-all-µs/turn", "serial-cpu-µs/turn")
 	print hdr
 	for (i = 1; i <= rounds; i++) for (b = 1; b <= 2; b++) {
 		build = (b == 1) ? "old" : "new"
 		if (!((build, i, "cpu") in v)) continue
-		printf "%-6s %-6d %10.0f %12.1f %18.1f %19.1f\n", build, i, v[build, i, "turns/s"], v[build, i, "cpu"], v[build, i, "committer"], v[build, i, "all"]
+		printf "%-6s %-6d %10.0f %12.1f %18.1f %19.1f %19.1f\n", build, i, v[build, i, "turns/s"], v[build, i, "cpu"], v[build, i, "committer"], v[build, i, "all"], v[build, i, "serial"]
 	}
 	for (b = 1; b <= 2; b++) {
 		build = (b == 1) ? "old" : "new"
-		printf "%-6s %-6s %10.0f %12.1f %18.1f %19.1f\n", build, "median", median(build, "turns/s"), median(build, "cpu"), median(build, "committer"), median(build, "all")
+		printf "%-6s %-6s %10.0f %12.1f %18.1f %19.1f %19.1f\n", build, "median", median(build, "turns/s"), median(build, "cpu"), median(build, "committer"), median(build, "all"), median(build, "serial")
 	}
 	printf "%-6s %-6s", "new/old", "median"
 	for (k = 1; k <= ncol; k++) printf fmt[k], median("new", col[k]) / median("old", col[k])
@@ -123,4 +153,5 @@ END {
 	}
 	printf "\n"
 	printf "committer-µs/turn: old = %s, new = %s\n", src["old"], src["new"]
+	printf "serial-cpu-µs/turn: the committer goroutine'"'"'s CPU (the busiest file'"'"'s where labelled), from each run'"'"'s CPU profile\n"
 }' "$work/results"
