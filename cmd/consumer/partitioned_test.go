@@ -109,7 +109,7 @@ func testHoldTheirPartitions(t *testing.T, standby int) {
 	r.args = []string{"--nats-url", url, "--nats-user", "ctxpipe", "--nats-password", "ctxpipe-demo-password",
 		"--partitions", strconv.Itoa(n), "--standby", strconv.Itoa(standby), "--log-level", "info"}
 	for i := 1; i <= 3; i++ {
-		r.insts = append(r.insts, &scaleInst{name: fmt.Sprintf("inst-%d", i), dataDir: filepath.Join(r.dir, fmt.Sprintf("data-%d", i))})
+		r.insts = append(r.insts, &scaleInst{name: fmt.Sprintf("inst-%d", i), dataDir: filepath.Join(r.dir, fmt.Sprintf("data-%d", i)), files: 1})
 	}
 	// Started together, as a deployment is: the partitions spread before
 	// any input arrives (each instance pulls its share at once), so that

@@ -60,6 +60,7 @@ type scaleInst struct {
 	log           string
 	p             *proc
 	runs          int
+	files         int // --store-files
 }
 
 func (in *scaleInst) db() string     { return filepath.Join(in.dataDir, "ctxpipe.db") }
@@ -474,14 +475,15 @@ func testScaleOutFailover(t *testing.T, standby int) {
 	// On failure, besides each log's tail (startConsumer), what the
 	// instances said about rejections and the changelog; with
 	// SCALEOUT_KEEP_DIR set, the logs and SQLite files are copied there.
-	// slow is set by a kill past the 5 s goal: its logs are kept as well.
+	// slow is set by an instance kill past the 5 s goal, or a node loss
+	// past 15 s: their logs are kept as well.
 	slow := false
 	t.Cleanup(func() {
 		if keep := os.Getenv("SCALEOUT_KEEP_DIR"); keep != "" && (t.Failed() || slow) {
 			keep = filepath.Join(keep, strings.ReplaceAll(t.Name(), "/", "_")+"-"+time.Now().Format("150405"))
 			_ = os.MkdirAll(keep, 0o755)
 			logs, _ := filepath.Glob(filepath.Join(r.dir, "*.log"))
-			dbs, _ := filepath.Glob(filepath.Join(r.dir, "*", "ctxpipe.db*"))
+			dbs, _ := filepath.Glob(filepath.Join(r.dir, "*", "ctxpipe*.db*"))
 			for _, l := range append(logs, dbs...) {
 				b, _ := os.ReadFile(l)
 				_ = os.WriteFile(filepath.Join(keep, strings.ReplaceAll(strings.TrimPrefix(l, r.dir+"/"), "/", "_")), b, 0o644)
@@ -533,8 +535,19 @@ func testScaleOutFailover(t *testing.T, standby int) {
 	// is bounded by the pinned TTL (default 3 s), not by it.
 	r.args = []string{"--nats-url", r.cl.URL(), "--profiles", profiles, "--partitions", strconv.Itoa(scalePartitions),
 		"--replicas", "3", "--ack-wait", "10s", "--log-level", "info", "--standby", strconv.Itoa(standby)}
+	// SCALEOUT_STORE_FILES runs the instances with their state split over
+	// that many files (--store-files), each with its own committer.
+	files := 1
+	if f := os.Getenv("SCALEOUT_STORE_FILES"); f != "" {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			t.Fatalf("SCALEOUT_STORE_FILES=%q: want a count of files", f)
+		}
+		files = n
+		r.args = append(r.args, "--store-files", f)
+	}
 	for i := 1; i <= 3; i++ {
-		r.insts = append(r.insts, &scaleInst{name: fmt.Sprintf("inst-%d", i), dataDir: filepath.Join(r.dir, fmt.Sprintf("data-%d", i))})
+		r.insts = append(r.insts, &scaleInst{name: fmt.Sprintf("inst-%d", i), dataDir: filepath.Join(r.dir, fmt.Sprintf("data-%d", i)), files: files})
 	}
 	// inst-1 first: it pulls first and is pinned everywhere, until the
 	// others are up and it hands partitions over (if it does).
@@ -718,6 +731,9 @@ func testScaleOutFailover(t *testing.T, standby int) {
 	first, last, per := spread(d)
 	t.Logf("kill 2: NATS node %s (leader of %s, of %s too: %v), %d of %d load turns published: probes of every partition applied %v to %v after the kill (%s)",
 		stateLeader, bus.StreamState, bus.StreamIn, alsoIn, nodeAt, len(load), first.Round(time.Millisecond), last.Round(time.Millisecond), per)
+	// Past the slowest node loss seen (the server's elections take most of
+	// it), its logs are kept as well.
+	slow = slow || last > 15*time.Second
 
 	// 3. The next instance owning the most partitions, the node still down.
 	loseInstance("kill 3")
@@ -795,29 +811,42 @@ func testScaleOutFailover(t *testing.T, standby int) {
 	var fig crashFigures
 	for _, in := range r.insts {
 		held := heldPartitions(names, in.name, scalePartitions, standby)
-		sub := map[string][]schema.Turn{}
-		var subOrder []schema.Turn
-		for _, tn := range order {
-			key := scaleKey(tn.ConversationID)
-			if slices.Contains(held, bus.PartitionOf(scaleTenant, tn.ConversationID, scalePartitions)) {
-				subOrder = append(subOrder, tn)
-				if len(sub[key]) == 0 {
-					holders[key] = append(holders[key], in)
+		// Each file holds the partitions that map to it (p mod files).
+		for file := range in.files {
+			var inFile []int
+			for _, p := range held {
+				if p%in.files == file {
+					inFile = append(inFile, p)
 				}
-				sub[key] = append(sub[key], tn)
 			}
-		}
-		var subStream []streamEvent
-		for _, se := range onStream {
-			if _, ok := sub[se.ev.Header().ConversationID]; ok {
-				subStream = append(subStream, se)
+			sub := map[string][]schema.Turn{}
+			var subOrder []schema.Turn
+			for _, tn := range order {
+				key := scaleKey(tn.ConversationID)
+				if slices.Contains(inFile, bus.PartitionOf(scaleTenant, tn.ConversationID, scalePartitions)) {
+					subOrder = append(subOrder, tn)
+					if len(sub[key]) == 0 {
+						holders[key] = append(holders[key], in)
+					}
+					sub[key] = append(sub[key], tn)
+				}
 			}
+			var subStream []streamEvent
+			for _, se := range onStream {
+				if _, ok := sub[se.ev.Header().ConversationID]; ok {
+					subStream = append(subStream, se)
+				}
+			}
+			if len(subOrder) == 0 {
+				continue // a file none of whose partitions this instance holds
+			}
+			path := filepath.Join(in.dataDir, store.SetFileName(file))
+			t.Logf("verifying %s's SQLite (%s): partitions %v, %d conversations", in, filepath.Base(path), inFile, len(sub))
+			f := verifyStored(ctx, t, path, subOrder, sub, subStream, false)
+			fig.events += f.events
+			fig.condenses += f.condenses
+			fig.truncations += f.truncations
 		}
-		t.Logf("verifying %s's SQLite: partitions %v, %d conversations", in, held, len(sub))
-		f := verifyStored(ctx, t, in.db(), subOrder, sub, subStream, false)
-		fig.events += f.events
-		fig.condenses += f.condenses
-		fig.truncations += f.truncations
 	}
 	for key := range byConv {
 		if len(holders[key]) != 1+standby {
@@ -834,14 +863,21 @@ func testScaleOutFailover(t *testing.T, standby int) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	dbs := map[*scaleInst]*store.Store{}
+	// Each instance's files, by file index.
+	dbs := map[*scaleInst][]*store.Store{}
 	for _, in := range r.insts {
-		a, err := store.Open(ctx, in.db())
-		if err != nil {
-			t.Fatal(err)
+		for file := range in.files {
+			a, err := store.Open(ctx, filepath.Join(in.dataDir, store.SetFileName(file)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			dbs[in] = append(dbs[in], a)
 		}
-		defer a.Close()
-		dbs[in] = a
+	}
+	partOf := map[string]int{} // per conversation key
+	for _, tn := range order {
+		partOf[scaleKey(tn.ConversationID)] = bus.PartitionOf(scaleTenant, tn.ConversationID, scalePartitions)
 	}
 	msgs := 0
 	for key := range byConv {
@@ -854,7 +890,7 @@ func testScaleOutFailover(t *testing.T, standby int) {
 			t.Fatal(err)
 		}
 		for _, in := range holders[key] {
-			a := dbs[in]
+			a := dbs[in][partOf[key]%in.files]
 			ma, err := a.Messages(ctx, key)
 			if err != nil {
 				t.Fatal(err)
