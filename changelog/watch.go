@@ -112,20 +112,14 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 			b = behind{}
 			continue
 		}
-		ictx, cancel := context.WithTimeout(ctx, max(w.after/2, time.Second))
-		info, err := stream.Info(ictx)
-		cancel()
-		if err != nil {
-			continue // the server cannot tell: the next tick asks again
-		}
-		end := info.State.LastSeq
-		if end > last && len(w.subjects) > 0 {
+		end, known := w.end(ctx, stream)
+		if streamEnd := end; known && end > last && len(w.subjects) > 0 {
 			if end == quiet && last == quietLast {
 				end = last
 			} else if sub, ok := w.lastOf(ctx, stream); ok {
 				end = sub
 				if end <= last {
-					quiet, quietLast = info.State.LastSeq, last
+					quiet, quietLast = streamEnd, last
 				}
 			}
 			// When the server cannot tell the subjects' last message, the
@@ -134,6 +128,14 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 			// "cannot tell" for "idle" would leave a stalled one stalled
 			// for as long as the requests fail, which is when a node is
 			// lost.
+		}
+		if !known {
+			// Nor can it tell the stream's end: taken as behind, for the
+			// same reason. The stream's own info fails while its leader is
+			// elected after a node loss, which is when an ordered consumer
+			// dies without a word; the follower is then stopped once that
+			// has lasted the confirm bound, not only once a leader answers.
+			end = last + 1
 		}
 		first := !checked
 		checked = true
@@ -156,9 +158,12 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 		}
 		w.mu.Lock()
 		stalled := !w.waiting.IsZero() && w.last == last
-		if stalled {
+		if stalled && known {
 			w.err = fmt.Errorf("follow %s: no message for %v after %d while the stream holds up to %d",
 				bus.StreamState, time.Since(b.since).Round(time.Second), last, end)
+		} else if stalled {
+			w.err = fmt.Errorf("follow %s: no message for %v after %d while the server cannot tell the stream's end",
+				bus.StreamState, time.Since(b.since).Round(time.Second), last)
 		}
 		w.mu.Unlock()
 		if stalled {
@@ -166,6 +171,18 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 			return
 		}
 	}
+}
+
+// end is the stream's last sequence; known is false when the server
+// cannot tell (the request failed or timed out).
+func (w *watch) end(ctx context.Context, stream jetstream.Stream) (end uint64, known bool) {
+	ictx, cancel := context.WithTimeout(ctx, max(w.after/2, time.Second))
+	defer cancel()
+	info, err := stream.Info(ictx)
+	if err != nil {
+		return 0, false
+	}
+	return info.State.LastSeq, true
 }
 
 // lastOf is the last sequence of the watched subjects (0: none holds a

@@ -2,6 +2,7 @@ package changelog
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -243,6 +244,52 @@ func TestWatchStopsAFollowerWhenItsSubjectsCannotBeRead(t *testing.T) {
 	case <-time.After(10 * after):
 		t.Fatal("a follower behind the stream was not stopped while its subjects could not be read")
 	}
+}
+
+// A waiting follower is stopped when the server cannot even tell the
+// stream's end (its info requests fail while the stream's leader is elected
+// after a node loss, when an ordered consumer dies without a word), as one
+// seen behind: after the wait and the confirm bounds, not never. Its error
+// says that the end was unknown.
+func TestWatchStopsAFollowerWhenTheStreamCannotBeRead(t *testing.T) {
+	stream := stateStreamHolding(t, 3)
+	for _, tc := range []struct {
+		name    string
+		last    uint64
+		waiting bool
+		stalled bool
+	}{
+		{"waiting behind the stream", 1, true, true},
+		{"waiting at what was the stream's end", 3, true, true},
+		{"busy (not waiting)", 1, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const after = 200 * time.Millisecond
+			w := &watch{after: after, last: tc.last}
+			if tc.waiting {
+				w.wait()
+			}
+			stopped := startWatch(t, w, failingInfo{Stream: stream})
+			select {
+			case <-stopped:
+				if !tc.stalled || w.Err() == nil || !strings.Contains(w.Err().Error(), "cannot tell") {
+					t.Fatalf("stopped (err %v); want stalled %v", w.Err(), tc.stalled)
+				}
+			case <-time.After(10 * after):
+				if tc.stalled {
+					t.Fatal("a waiting follower was not stopped while the stream could not be read")
+				}
+			}
+		})
+	}
+}
+
+// failingInfo fails every stream info request, as a stream without a
+// leader.
+type failingInfo struct{ jetstream.Stream }
+
+func (failingInfo) Info(context.Context, ...jetstream.StreamInfoOpt) (*jetstream.StreamInfo, error) {
+	return nil, context.DeadlineExceeded
 }
 
 // failingLookups fails every last-message-of-subject request, as a server
