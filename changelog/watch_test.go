@@ -39,29 +39,43 @@ func startWatch(t *testing.T, w *watch, stream jetstream.Stream) <-chan struct{}
 // too long for a message while the stream holds one past the last it got
 // (an ordered consumer re-creating itself quietly after a node loss), and
 // only then: not while the follower is busy elsewhere, nor when the stream
-// has nothing more.
+// has nothing more. A stream whose end the server cannot tell (its info
+// requests fail while its leader is elected after a node loss, which is
+// when an ordered consumer dies without a word) counts as one holding more,
+// and the error says the end was unknown.
 func TestWatchStopsAStalledFollower(t *testing.T) {
 	stream := stateStreamHolding(t, 3)
 	for _, tc := range []struct {
-		name    string
-		last    uint64
-		waiting bool
-		stalled bool
+		name       string
+		last       uint64
+		waiting    bool
+		unreadable bool // the stream's info requests fail
+		stalled    bool
 	}{
-		{"waiting with messages after the last", 1, true, true},
-		{"waiting at the stream's end", 3, true, false},
-		{"busy (not waiting) with messages after the last", 1, false, false},
+		{"waiting with messages after the last", 1, true, false, true},
+		{"waiting at the stream's end", 3, true, false, false},
+		{"busy (not waiting) with messages after the last", 1, false, false, false},
+		{"waiting, the stream unreadable", 1, true, true, true},
+		{"waiting at what was the stream's end, the stream unreadable", 3, true, true, true},
+		{"busy (not waiting), the stream unreadable", 1, false, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := &watch{after: 200 * time.Millisecond, last: tc.last}
 			if tc.waiting {
 				w.wait()
 			}
-			stopped := startWatch(t, w, stream)
+			var s jetstream.Stream = stream
+			if tc.unreadable {
+				s = failingInfo{Stream: stream}
+			}
+			stopped := startWatch(t, w, s)
 			select {
 			case <-stopped:
 				if !tc.stalled || w.Err() == nil {
 					t.Fatalf("stopped (err %v); want stalled %v", w.Err(), tc.stalled)
+				}
+				if unknown := strings.Contains(w.Err().Error(), "cannot tell"); unknown != tc.unreadable {
+					t.Fatalf("err %q: want it to say the end was unknown: %v", w.Err(), tc.unreadable)
 				}
 			case <-time.After(1500 * time.Millisecond):
 				if tc.stalled {
@@ -243,44 +257,6 @@ func TestWatchStopsAFollowerWhenItsSubjectsCannotBeRead(t *testing.T) {
 		}
 	case <-time.After(10 * after):
 		t.Fatal("a follower behind the stream was not stopped while its subjects could not be read")
-	}
-}
-
-// A waiting follower is stopped when the server cannot even tell the
-// stream's end (its info requests fail while the stream's leader is elected
-// after a node loss, when an ordered consumer dies without a word), as one
-// seen behind: after the wait and the confirm bounds, not never. Its error
-// says that the end was unknown.
-func TestWatchStopsAFollowerWhenTheStreamCannotBeRead(t *testing.T) {
-	stream := stateStreamHolding(t, 3)
-	for _, tc := range []struct {
-		name    string
-		last    uint64
-		waiting bool
-		stalled bool
-	}{
-		{"waiting behind the stream", 1, true, true},
-		{"waiting at what was the stream's end", 3, true, true},
-		{"busy (not waiting)", 1, false, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			const after = 200 * time.Millisecond
-			w := &watch{after: after, last: tc.last}
-			if tc.waiting {
-				w.wait()
-			}
-			stopped := startWatch(t, w, failingInfo{Stream: stream})
-			select {
-			case <-stopped:
-				if !tc.stalled || w.Err() == nil || !strings.Contains(w.Err().Error(), "cannot tell") {
-					t.Fatalf("stopped (err %v); want stalled %v", w.Err(), tc.stalled)
-				}
-			case <-time.After(10 * after):
-				if tc.stalled {
-					t.Fatal("a waiting follower was not stopped while the stream could not be read")
-				}
-			}
-		})
 	}
 }
 
