@@ -99,6 +99,7 @@ func TestEnsureKeepsOperatorSettings(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			c.WaitPeers()
 			tt.operator(t)
 			var buf bytes.Buffer
 			opts := append(tt.opts, WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))

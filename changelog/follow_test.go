@@ -28,6 +28,8 @@ func TestFollowLiveReadsEveryRecordOnACluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	ensureR3(t, js)
+	// The first append of a young stream can find no leader yet.
+	c.WaitStreamLeader(bus.StreamState)
 	const records, followers = 1500, 6
 	type result struct {
 		n   int

@@ -327,6 +327,15 @@ func (c *Cluster) wait(what string, get func() string) string {
 	return ""
 }
 
+// WaitPeers waits until the meta leader counts every node as an online
+// peer and every node is current with it. A node can be taken for offline
+// for a moment on a loaded machine, and a replicated stream created or
+// raised meanwhile is refused ("no suitable peers for placement").
+func (c *Cluster) WaitPeers() {
+	c.t.Helper()
+	c.waitMeta(ClusterSize)
+}
+
 // waitMeta waits until a meta leader counts peers nodes as its peers and
 // every running node is current with it: a JetStream API request sent
 // before that can be lost, and wait for its full timeout.
