@@ -7,7 +7,7 @@
 # the repository, so that ../shared resolves as it does for the repository;
 # it is removed afterwards), then each round runs them one after the other,
 # the order swapped every round so that a drift of the machine's load falls
-# on both. Environment: ROUNDS (default 3), BENCHTIME (default 3x), BENCH
+# on both. Environment: ROUNDS (default 3), BENCHTIME (a count, Nx; default 3x), BENCH
 # (default 'Pipeline$'); CTXPIPE_BENCH_FILES passes through to the builds
 # that read it.
 #
@@ -41,6 +41,12 @@ ROUNDS=${2:-${ROUNDS:-3}}
 BENCHTIME=${BENCHTIME:-3x}
 BENCH=${BENCH:-'Pipeline$'}
 GO=${GO:-go}
+# runs is how many times the benchmark function runs in one process: once
+# with b.N = 1, then (-benchtime Nx, N > 1) once more with b.N = N; a
+# profile's CPU is divided by the turns of all of them.
+n=${BENCHTIME%x}
+case $n in '' | *[!0-9]*) echo "$0: BENCHTIME must be Nx (a count), not $BENCHTIME" >&2; exit 2 ;; esac
+runs=$((n > 1 ? n + 1 : 1))
 
 root=$(git rev-parse --show-toplevel)
 commit=$(git -C "$root" rev-parse --verify --quiet "$REV^{commit}") || { echo "$0: $REV is not a commit" >&2; exit 2; }
@@ -76,12 +82,6 @@ run() { # run BUILD ROUND: one benchmark process, its result line kept
 	echo "$line" >&2
 	echo "$build $round $line $(serial_cpu "$bin" "$prof") serial-cpu-µs/turn" >>"$work/results"
 }
-
-# runs is how many times the benchmark function ran in one process: once
-# with b.N = 1, then (-benchtime Nx, N > 1) once more with b.N = N.
-n=${BENCHTIME%x}
-case $n in '' | *[!0-9]*) echo "$0: BENCHTIME must be Nx (a count), not $BENCHTIME" >&2; exit 2 ;; esac
-runs=$((n > 1 ? n + 1 : 1))
 
 serial_cpu() { # serial_cpu BIN PROFILE: the committer's CPU µs per turn
 	local bin=$1 prof=$2 s
