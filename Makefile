@@ -27,7 +27,8 @@ test:
 	$(GO) test -count=1 -run 'Allocate' ./tokens/o200k/
 
 ## test-scaleout: the failover test (3 nodes, 3 instances, kills; also in `make test`),
-## five times over, its figures printed; SCALEOUT_KEEP_DIR=dir keeps the logs and files of a run that failed or had a kill past 5 s
+## five times over, its figures printed; SCALEOUT_KEEP_DIR=dir keeps the logs and files of a run that failed,
+## had an instance kill past 5 s or a node loss past 15 s; SCALEOUT_STORE_FILES=N runs the instances with N state files
 test-scaleout:
 	$(GO) test -race -count=5 -timeout 14m -run TestScaleOutFailover -v ./cmd/consumer/
 
