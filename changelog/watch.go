@@ -42,8 +42,8 @@ type watch struct {
 // has received nothing yet, and was behind when first checked, is given
 // less: the library creates its ordered consumer with a request that,
 // after a node loss, can go unanswered for its whole 10 s timeout before it
-// is sent again (a restore took 9.7 s so), while a healthy consumer delivers
-// the first message of a backlog in milliseconds. A run that started at the
+// is sent again, while a healthy consumer delivers the first message of a
+// backlog in milliseconds. A run that started at the
 // stream's end and waited there is not: a message appended later may be
 // large, and on its way.
 func (w *watch) bounds(received, behindFromStart bool) (wait, confirm time.Duration) {
@@ -156,14 +156,15 @@ func (w *watch) run(ctx context.Context, stream jetstream.Stream, stop func()) {
 		if time.Since(b.since) < confirm {
 			continue
 		}
+		ahead := fmt.Sprintf("the stream holds up to %d", end)
+		if !known {
+			ahead = "the server cannot tell the stream's end"
+		}
 		w.mu.Lock()
 		stalled := !w.waiting.IsZero() && w.last == last
-		if stalled && known {
-			w.err = fmt.Errorf("follow %s: no message for %v after %d while the stream holds up to %d",
-				bus.StreamState, time.Since(b.since).Round(time.Second), last, end)
-		} else if stalled {
-			w.err = fmt.Errorf("follow %s: no message for %v after %d while the server cannot tell the stream's end",
-				bus.StreamState, time.Since(b.since).Round(time.Second), last)
+		if stalled {
+			w.err = fmt.Errorf("follow %s: no message for %v after %d while %s",
+				bus.StreamState, time.Since(b.since).Round(time.Second), last, ahead)
 		}
 		w.mu.Unlock()
 		if stalled {

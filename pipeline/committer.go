@@ -1,11 +1,10 @@
 package pipeline
 
 import (
-	"time"
-
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/ctxpipe/ctxpipe/changelog"
 	"github.com/ctxpipe/ctxpipe/store"

@@ -148,9 +148,8 @@ func (w *liveWatch) run(ctx context.Context, kv jetstream.KeyValue, onErr func(e
 // lock every refreshEvery, so a watch that shows none of them for longer
 // than liveWithin is behind (Live fails from then on), and one more
 // refreshEvery is the margin for this instance's own refresh. A node lost
-// under the watch's consumer left it silent: waiting three times
-// liveWithin, checked every liveWithin, kept a survivor blind to a dead
-// instance for up to 10 s.
+// under the watch's consumer leaves it silent, and a survivor blind to a
+// dead instance until the watch is started again.
 const restartStale = liveWithin + refreshEvery
 
 // watchStale tells whether a watch started at started, which last
