@@ -2,6 +2,7 @@ package changelog_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"testing"
@@ -84,7 +85,7 @@ func TestFollowLiveReadsEveryRecordOnACluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if after, err = l.Append(ctx, 1, after, data); err != nil {
+		if after, err = appendOnce(ctx, l, js, after, data); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -196,6 +197,30 @@ func TestAppendsBackToBackOnACluster(t *testing.T) {
 
 // ensureR3 creates the streams at 3 replicas, retrying as the service does:
 // a cluster just formed may lose the first requests.
+// appendOnce appends data to partition 1 after sequence after, as the
+// service's workers do: an append whose answer is lost (a loaded young
+// cluster) is sent again, unless it was stored, which the partition's last
+// message then says. The fence keeps it from being stored twice (a retry
+// of a stored one is fenced, and the last message then says so).
+func appendOnce(ctx context.Context, l *changelog.Log, js jetstream.JetStream, after uint64, data []byte) (uint64, error) {
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		seq, err := l.Append(ctx, 1, after, data)
+		lost := errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, changelog.ErrFenced)
+		if err == nil || !lost || time.Now().After(deadline) {
+			return seq, err
+		}
+		s, serr := js.Stream(ctx, bus.StreamState)
+		if serr != nil {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if last, lerr := changelog.LastOf(ctx, s, 1); lerr == nil && last > after {
+			return last, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func ensureR3(t *testing.T, js jetstream.JetStream) {
 	t.Helper()
 	if err := bus.RetryStart(context.Background(), slog.New(slog.DiscardHandler), "ensure streams", func(ctx context.Context) error {
